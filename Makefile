@@ -1,0 +1,48 @@
+# The two commands of the README: `make run` and `make test`.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-stamp
+TEST_DB := mado_run_$(shell date +%s)_$(shell echo $$$$)
+PG_URL ?= postgres://postgres@127.0.0.1:5432
+
+.PHONY: run test venv peers migrate messages schema clean
+
+$(STAMP): requirements.txt pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install -q --disable-pip-version-check -r requirements.txt
+	$(VENV)/bin/pip install -q --disable-pip-version-check --no-deps -e .
+	@touch $@
+
+venv: $(STAMP)
+
+# Debian packages the tests need as real peers; installed only when missing.
+peers:
+	@missing=""; command -v chromium >/dev/null || missing="$$missing chromium"; \
+	if [ -n "$$missing" ]; then \
+	  echo "Installing from Debian:$$missing"; \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
+	fi
+
+migrate: venv
+	MADO_DEBUG=true MADO_DEV_MODE=true $(PY) manage.py migrate --no-input
+
+run: migrate
+	MADO_DEBUG=true MADO_DEV_MODE=true $(PY) manage.py demo
+	MADO_DEBUG=true MADO_DEV_MODE=true $(PY) manage.py runserver 127.0.0.1:8000
+
+# A throwaway PostgreSQL database per run: pytest-django creates test_<name> and drops it at the end.
+test: venv peers
+	MADO_DATABASE_URL=$(PG_URL)/$(TEST_DB) MADO_VAR_DIR=$$(mktemp -d) DJANGO_ALLOW_ASYNC_UNSAFE=true \
+	  $(PY) -m pytest $(PYTEST_ARGS)
+
+messages: venv
+	$(PY) manage.py compilemessages --ignore=.venv
+
+schema: venv
+	$(PY) manage.py spectacular --file docs/openapi.yaml --validate
+
+clean:
+	rm -rf $(VENV) var

@@ -1,0 +1,75 @@
+"""Who may do what in a project. Every view, serializer and template asks these helpers, so a rule
+lives in one place."""
+from __future__ import annotations
+
+from django.contrib.auth.models import AnonymousUser, User
+from django.core.exceptions import PermissionDenied
+from django.http import Http404
+
+from mado.choices import Role
+from mado.models import ApiToken, Membership, Project, ServiceAccount, role_at_least
+
+
+def service_account_of(user: User) -> ServiceAccount | None:
+    try:
+        return user.service_account
+    except (ServiceAccount.DoesNotExist, AttributeError):
+        return None
+
+
+def project_role(user: User | AnonymousUser, project: Project) -> str | None:
+    """The caller's role in the project: global administrators are admins everywhere; a service
+    account has its own role in its one project; others have their membership's role."""
+    if not user.is_authenticated:
+        return None
+    if user.is_superuser:
+        return Role.ADMIN
+    account = service_account_of(user)
+    if account is not None:
+        if account.project_id == project.pk and not account.is_disabled:
+            return account.role
+        return None
+    membership = Membership.objects.filter(project=project, user=user).only("role").first()
+    return membership.role if membership else None
+
+
+def has_role(user, project: Project, minimum: str) -> bool:
+    return role_at_least(project_role(user, project), minimum)
+
+
+def projects_visible_to(user):
+    if not user.is_authenticated:
+        return Project.objects.none()
+    if user.is_superuser:
+        return Project.objects.all()
+    account = service_account_of(user)
+    if account is not None:
+        return Project.objects.filter(pk=account.project_id) if not account.is_disabled else Project.objects.none()
+    return Project.objects.filter(memberships__user=user)
+
+
+def tokens_visible_to(user, project: Project):
+    """Project admins see every token of the project; others only their own."""
+    tokens = ApiToken.objects.filter(project=project).select_related("user", "user__service_account")
+    if has_role(user, project, Role.ADMIN):
+        return tokens
+    return tokens.filter(user=user)
+
+
+def can_revoke(user, token: ApiToken) -> bool:
+    return token.user_id == user.pk or has_role(user, token.project, Role.ADMIN)
+
+
+def is_service_user(user) -> bool:
+    return service_account_of(user) is not None
+
+
+def project_for_user(user, slug: str, minimum: str = Role.VIEWER) -> Project:
+    """The project if the user may see it with at least `minimum`. Projects the user cannot see at
+    all are 404, never 403, so their names do not leak."""
+    project = projects_visible_to(user).filter(slug=slug).first()
+    if project is None:
+        raise Http404(f"No project {slug} that you can see; check the project identifier.")
+    if not has_role(user, project, minimum):
+        raise PermissionDenied(f"This needs the {minimum} role in project {project.slug}; ask a project admin.")
+    return project

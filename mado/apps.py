@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class MadoConfig(AppConfig):
+    name = "mado"
+    verbose_name = "Identity"

@@ -1,0 +1,93 @@
+"""Typed readers for settings that come from the environment.
+
+A bad value stops start-up with a message naming the variable, instead of surfacing later as an
+odd behaviour: an operator reading the traceback must see which variable to fix.
+"""
+from __future__ import annotations
+
+import os
+import secrets
+from pathlib import Path
+
+from django.core.exceptions import ImproperlyConfigured
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
+
+
+def env_str(name: str, default: str = "") -> str:
+    return os.environ.get(name, default)
+
+
+def env_bool(name: str, default: bool = False) -> bool:
+    raw = os.environ.get(name)
+    if raw is None:
+        return default
+    value = raw.strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise ImproperlyConfigured(f"{name} must be true or false (got {raw!r}).")
+
+
+def env_int(name: str, default: int, *, minimum: int | None = None, maximum: int | None = None) -> int:
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ImproperlyConfigured(f"{name} must be a whole number (got {raw!r}).") from None
+    if (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
+        raise ImproperlyConfigured(f"{name} must be between {minimum} and {maximum} (got {value}).")
+    return value
+
+
+def env_list(name: str, default: list[str]) -> list[str]:
+    raw = os.environ.get(name)
+    if raw is None:
+        return list(default)
+    return [item.strip() for item in raw.split(",") if item.strip()]
+
+
+def env_url(name: str, default: str = "") -> str:
+    raw = os.environ.get(name, default).strip()
+    if raw and not (raw.startswith("http://") or raw.startswith("https://")):
+        raise ImproperlyConfigured(f"{name} must start with http:// or https:// (got {raw!r}).")
+    return raw.rstrip("/")
+
+
+def secret_key(name: str, fallback_file: Path) -> str:
+    """The secret key from the environment, or one generated once into a file for the demo."""
+    value = os.environ.get(name, "").strip()
+    if value:
+        if len(value) < 50:
+            raise ImproperlyConfigured(f"{name} must be at least 50 characters long.")
+        return value
+    if fallback_file.exists():
+        return fallback_file.read_text().strip()
+    fallback_file.parent.mkdir(parents=True, exist_ok=True)
+    value = secrets.token_urlsafe(64)
+    fd = os.open(fallback_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(value + "\n")
+    return value
+
+
+def database(name: str, default_sqlite: Path) -> dict:
+    import dj_database_url
+
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return {"ENGINE": "django.db.backends.sqlite3", "NAME": str(default_sqlite),
+                "OPTIONS": {"transaction_mode": "IMMEDIATE", "timeout": 20}}
+    if not raw.startswith(("postgres://", "postgresql://", "sqlite:///")):
+        raise ImproperlyConfigured(
+            f"{name} must be postgres://user@host:port/db or sqlite:///path (got a {raw.split(':')[0]!r} URL)."
+        )
+    config = dj_database_url.parse(raw, conn_max_age=env_int("MADO_DB_CONN_MAX_AGE", 60, minimum=0),
+                                   conn_health_checks=True)
+    if config["ENGINE"].endswith("sqlite3"):
+        config["OPTIONS"] = {"transaction_mode": "IMMEDIATE", "timeout": 20}
+    return config

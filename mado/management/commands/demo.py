@@ -1,0 +1,72 @@
+"""The demo world of `make run`: an admin, a project, and a worker service account with its token."""
+import os
+import secrets
+from pathlib import Path
+
+from django.conf import settings
+from django.contrib.auth.models import User
+from django.core.management.base import BaseCommand
+from django.db import transaction
+
+from mado import services
+from mado.choices import Role, Scope, TokenKind
+from mado.models import ApiToken, Project, ServiceAccount
+from mado.tokens import hash_token
+
+WORKER_SCOPES = [Scope.READ.value, Scope.WORKER_EXECUTE.value, Scope.ARTIFACTS_WRITE.value]
+
+
+def write_private(path: Path, text: str) -> None:
+    """Write a secret file readable by its owner only, mode 600 from the first byte."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(text + "\n")
+    os.replace(tmp, path)
+
+
+class Command(BaseCommand):
+    help = "Create the demo admin, the demo project and a worker token (idempotent)."
+
+    def handle(self, *args, **options):
+        var = Path(settings.VAR_DIR)
+        with transaction.atomic():
+            password = self._admin(var)
+            project = Project.objects.filter(slug="demo").first() or services.create_project(
+                services.SYSTEM, slug="demo", name="Demo")
+            admin = User.objects.get(username="admin")
+            account = ServiceAccount.objects.filter(project=project, name__iexact="local-worker").first()
+            if account is None:
+                account = services.create_service_account(
+                    services.Actor(user=admin), project, name="local-worker", role=Role.ADMIN,
+                    description="The worker that `make run` starts for the Local computer.")
+            token_file = var / "worker-token"
+            if not self._token_still_works(token_file):
+                _, plaintext = services.issue_token(
+                    services.Actor(user=admin), user=account.user, project=project, scopes=WORKER_SCOPES,
+                    kind=TokenKind.SERVICE, name="demo worker")
+                write_private(token_file, plaintext)
+        self.stdout.write(f"Demo ready. Sign in at {settings.PUBLIC_URL}/ as admin with password: {password}")
+        self.stdout.write(f"(The password is kept in {var / 'admin-password'}; the worker token in {token_file}.)")
+
+    def _admin(self, var: Path) -> str:
+        password_file = var / "admin-password"
+        admin = User.objects.filter(username="admin").first()
+        if admin is not None and password_file.exists():
+            return password_file.read_text().strip()
+        password = secrets.token_urlsafe(12)
+        if admin is None:
+            admin = User.objects.create_superuser("admin", email="admin@example.invalid", password=password)
+            services.audit(services.SYSTEM, "user.create", admin, after={"username": "admin", "superuser": True})
+        else:
+            admin.set_password(password)
+            admin.save(update_fields=["password"])
+        write_private(password_file, password)
+        return password
+
+    @staticmethod
+    def _token_still_works(token_file: Path) -> bool:
+        if not token_file.exists():
+            return False
+        return ApiToken.objects.usable().filter(token_hash=hash_token(token_file.read_text().strip())).exists()

@@ -1,0 +1,150 @@
+"""Django settings for Mado Compute. Every knob comes from an MADO_* environment variable."""
+from __future__ import annotations
+
+from pathlib import Path
+from urllib.parse import urlparse
+
+from django.utils.translation import gettext_lazy as _
+
+from mado import env
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+VAR_DIR = Path(env.env_str("MADO_VAR_DIR", str(BASE_DIR / "var")))
+
+VERSION = "0.1.0"
+
+DEBUG = env.env_bool("MADO_DEBUG", False)
+DEV_MODE = env.env_bool("MADO_DEV_MODE", False)
+SECRET_KEY = env.secret_key("MADO_SECRET_KEY", VAR_DIR / "secret_key")
+PUBLIC_URL = env.env_url("MADO_PUBLIC_URL", "http://127.0.0.1:8000")
+ALLOWED_HOSTS = env.env_list("MADO_ALLOWED_HOSTS", ["127.0.0.1", "localhost"])
+
+_public = urlparse(PUBLIC_URL)
+HTTPS = _public.scheme == "https"
+CSRF_TRUSTED_ORIGINS = [f"{_public.scheme}://{_public.netloc}"]
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "drf_spectacular",
+    "drf_spectacular_sidecar",
+    "django_htmx",
+    "template_partials",
+    "mado",
+    "computers",
+    "workers",
+    "jobs",
+    "sites",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.locale.LocaleMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "django_htmx.middleware.HtmxMiddleware",
+]
+
+ROOT_URLCONF = "mado.urls"
+WSGI_APPLICATION = "mado.wsgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.template.context_processors.i18n",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+                "mado.context_processors.navigation",
+            ],
+        },
+    },
+]
+
+DATABASES = {"default": env.database("MADO_DATABASE_URL", VAR_DIR / "mado.sqlite3")}
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+AUTHENTICATION_BACKENDS = ["mado.authentication.HumanOnlyModelBackend"]
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+]
+LOGIN_URL = "login"
+LOGIN_REDIRECT_URL = "home"
+LOGOUT_REDIRECT_URL = "login"
+
+LANGUAGE_CODE = "en"
+LANGUAGES = [("en", _("English")), ("ja", _("Japanese"))]
+LOCALE_PATHS = [BASE_DIR / "locale"]
+TIME_ZONE = env.env_str("MADO_TIME_ZONE", "UTC")
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATICFILES_DIRS = [BASE_DIR / "static"]
+STATIC_ROOT = VAR_DIR / "static"
+MEDIA_ROOT = Path(env.env_str("MADO_MEDIA_ROOT", str(VAR_DIR / "media")))
+
+# Security: an https public URL switches on everything a TLS deployment needs.
+SESSION_COOKIE_SECURE = HTTPS
+CSRF_COOKIE_SECURE = HTTPS
+SECURE_SSL_REDIRECT = HTTPS and env.env_bool("MADO_SSL_REDIRECT", True)
+SECURE_HSTS_SECONDS = env.env_int("MADO_HSTS_SECONDS", 31536000 if HTTPS else 0, minimum=0)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = HTTPS
+SECURE_HSTS_PRELOAD = HTTPS
+SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https") if env.env_bool("MADO_BEHIND_PROXY", False) else None
+SECURE_CONTENT_TYPE_NOSNIFF = True
+SESSION_COOKIE_HTTPONLY = True
+X_FRAME_OPTIONS = "DENY"
+
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "mado.authentication.BearerTokenAuthentication",
+        "mado.authentication.BrowserSessionAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["mado.permissions.ScopePermission"],
+    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
+    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
+    "EXCEPTION_HANDLER": "mado.exceptions.api_exception_handler",
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "DEFAULT_THROTTLE_RATES": {"token_issue": env.env_str("MADO_TOKEN_ISSUE_RATE", "30/min")},
+    "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
+}
+
+SPECTACULAR_SETTINGS = {
+    "TITLE": "Mado Compute API",
+    "DESCRIPTION": "Computers, workers, jobs and sites of the Mado ML-tracking platform.",
+    "VERSION": VERSION,
+    "SERVE_INCLUDE_SCHEMA": False,
+    "COMPONENT_SPLIT_REQUEST": True,
+    # Vendored Swagger UI: the docs page must work without reaching a CDN.
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+}
+
+CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "root": {"handlers": ["console"], "level": env.env_str("MADO_LOG_LEVEL", "INFO")},
+}
+
+# How often a token's last_used_at is written: every request would turn reads into writes.
+TOKEN_LAST_USED_RESOLUTION_SECONDS = 60
+TOKEN_MAX_DAYS = 365

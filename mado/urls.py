@@ -1,0 +1,39 @@
+from django.conf import settings
+from django.contrib import admin
+from django.contrib.auth import views as auth_views
+from django.urls import include, path
+
+from mado import views
+
+urlpatterns = [
+    path("api/", include("mado.api.urls")),
+    path("admin/", admin.site.urls),
+    path("i18n/", include("django.conf.urls.i18n")),
+    path("login/", auth_views.LoginView.as_view(redirect_authenticated_user=True), name="login"),
+    path("logout/", auth_views.LogoutView.as_view(), name="logout"),
+    path("", views.home, name="home"),
+    path("settings/", views.global_settings, name="global-settings"),
+    path("projects/<slug:project>/", views.project_home, name="project-home"),
+    path("projects/<slug:project>/settings/service-accounts/", views.service_accounts, name="service-accounts"),
+    path("projects/<slug:project>/settings/service-accounts/new", views.service_account_create,
+         name="service-account-create"),
+    path("projects/<slug:project>/settings/service-accounts/<int:account_id>/tokens/new",
+         views.service_account_token_create, name="service-account-token-create"),
+    path("projects/<slug:project>/settings/service-accounts/<int:account_id>/disable",
+         views.service_account_disable, name="service-account-disable"),
+    path("projects/<slug:project>/settings/tokens/", views.project_tokens, name="project-tokens"),
+    path("projects/<slug:project>/settings/tokens/new", views.personal_token_create, name="personal-token-create"),
+    path("projects/<slug:project>/settings/tokens/<int:token_id>/revoke", views.token_revoke, name="token-revoke"),
+    path("", include("computers.urls")),
+    path("", include("workers.urls")),
+    path("", include("jobs.urls")),
+    path("", include("sites.urls")),
+]
+
+handler404 = "mado.views.not_found"
+handler500 = "mado.views.server_error"
+
+if settings.DEBUG:
+    from django.contrib.staticfiles.urls import staticfiles_urlpatterns
+
+    urlpatterns += staticfiles_urlpatterns()

@@ -1,0 +1,198 @@
+"""HTML pages of the identity app: the shell, project settings, service accounts and tokens."""
+from __future__ import annotations
+
+import json
+
+from django.contrib.auth.decorators import login_required
+from django.http import HttpResponse
+from django.shortcuts import get_object_or_404, redirect, render
+from django.urls import reverse
+from django.views.decorators.http import require_http_methods, require_POST
+
+from mado import access, services
+from mado.choices import Role, TokenKind
+from mado.errors import ServiceError
+from mado.exceptions import json_not_found, json_server_error
+from mado.forms import ServiceAccountForm, TokenForm
+from mado.models import ApiToken, ServiceAccount
+
+
+@login_required
+def home(request):
+    project = access.projects_visible_to(request.user).first()
+    if project is not None:
+        return redirect("project-home", project=project.slug)
+    return render(request, "mado/home.html")
+
+
+@login_required
+def global_settings(request):
+    memberships = request.user.memberships.select_related("project")
+    return render(request, "mado/global_settings.html", {"memberships": memberships})
+
+
+@login_required
+def project_home(request, project):
+    project = access.project_for_user(request.user, project)
+    return render(request, "mado/project_home.html", {
+        "project": project,
+        "role": access.project_role(request.user, project),
+        "is_project_admin": access.has_role(request.user, project, Role.ADMIN),
+    })
+
+
+# Service accounts -------------------------------------------------------------------------------
+
+@login_required
+def service_accounts(request, project):
+    project = access.project_for_user(request.user, project, Role.ADMIN)
+    accounts = project.service_accounts.select_related("created_by")
+    context = {"project": project, "accounts": accounts}
+    if request.htmx and request.GET.get("fragment") == "list":
+        return render(request, "mado/partials/_service_account_list.html", context)
+    return render(request, "mado/service_accounts.html", context)
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def service_account_create(request, project):
+    project = access.project_for_user(request.user, project, Role.ADMIN)
+    form = ServiceAccountForm(request.POST or None)
+    if request.method == "POST" and form.is_valid():
+        try:
+            services.create_service_account(services.Actor.from_request(request), project, **form.cleaned_data)
+        except ServiceError as error:
+            _add_service_error(form, error)
+        else:
+            return _dialog_done(request, "serviceAccountsChanged", reverse("service-accounts", args=[project.slug]))
+    return _dialog(request, "mado/partials/_service_account_form.html", {"project": project, "form": form})
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def service_account_token_create(request, project, account_id):
+    project = access.project_for_user(request.user, project, Role.ADMIN)
+    account = get_object_or_404(ServiceAccount.objects.select_related("user"), pk=account_id, project=project)
+    allowed = services.allowed_scopes(account.user, project, TokenKind.SERVICE)
+    form = TokenForm(request.POST or None, allowed_scopes=allowed)
+    context = {"project": project, "account": account, "form": form,
+               "action": reverse("service-account-token-create", args=[project.slug, account.pk])}
+    if request.method == "POST" and form.is_valid():
+        try:
+            token, plaintext = services.issue_service_account_token(
+                services.Actor.from_request(request), account, **form.cleaned_data
+            )
+        except ServiceError as error:
+            _add_service_error(form, error)
+        else:
+            return _token_shown_once(request, project, token, plaintext, holder=account.name)
+    return _dialog(request, "mado/partials/_token_form.html", context)
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def service_account_disable(request, project, account_id):
+    project = access.project_for_user(request.user, project, Role.ADMIN)
+    account = get_object_or_404(ServiceAccount, pk=account_id, project=project)
+    if request.method == "POST":
+        services.disable_service_account(services.Actor.from_request(request), account)
+        return _dialog_done(request, "serviceAccountsChanged", reverse("service-accounts", args=[project.slug]))
+    return _dialog(request, "mado/partials/_service_account_disable.html", {"project": project, "account": account})
+
+
+# Tokens -----------------------------------------------------------------------------------------
+
+@login_required
+def project_tokens(request, project):
+    project = access.project_for_user(request.user, project)
+    context = {
+        "project": project,
+        "tokens": access.tokens_visible_to(request.user, project),
+        "is_project_admin": access.has_role(request.user, project, Role.ADMIN),
+        "can_issue": access.has_role(request.user, project, Role.MEMBER),
+    }
+    if request.htmx and request.GET.get("fragment") == "list":
+        return render(request, "mado/partials/_token_list.html", context)
+    return render(request, "mado/project_tokens.html", context)
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def personal_token_create(request, project):
+    project = access.project_for_user(request.user, project, Role.MEMBER)
+    allowed = services.allowed_scopes(request.user, project, TokenKind.PERSONAL)
+    form = TokenForm(request.POST or None, allowed_scopes=allowed)
+    context = {"project": project, "form": form, "action": reverse("personal-token-create", args=[project.slug])}
+    if request.method == "POST" and form.is_valid():
+        try:
+            token, plaintext = services.issue_personal_token(services.Actor.from_request(request), project,
+                                                             **form.cleaned_data)
+        except ServiceError as error:
+            _add_service_error(form, error)
+        else:
+            return _token_shown_once(request, project, token, plaintext, holder=request.user.username)
+    return _dialog(request, "mado/partials/_token_form.html", context)
+
+
+@login_required
+@require_POST
+def token_revoke(request, project, token_id):
+    project = access.project_for_user(request.user, project)
+    token = get_object_or_404(access.tokens_visible_to(request.user, project), pk=token_id)
+    services.revoke_token(services.Actor.from_request(request), token)
+    if request.htmx:
+        return render(request, "mado/partials/_token_row.html", {
+            "token": ApiToken.objects.get(pk=token.pk), "project": project, "can_revoke": False,
+        })
+    return redirect("project-tokens", project=project.slug)
+
+
+# Error pages ------------------------------------------------------------------------------------
+
+def not_found(request, exception=None):
+    if request.path.startswith("/api/"):
+        return json_not_found(request, exception)
+    return render(request, "404.html", {"message": str(exception or "")}, status=404)
+
+
+def server_error(request):
+    if request.path.startswith("/api/"):
+        return json_server_error(request)
+    return render(request, "500.html", status=500)
+
+
+# helpers ----------------------------------------------------------------------------------------
+
+def _dialog(request, fragment: str, context: dict):
+    """A dialog's content for HTMX, or the same form as a whole page without it."""
+    if request.htmx:
+        return render(request, fragment, context)
+    return render(request, "mado/dialog_page.html", {**context, "fragment": fragment})
+
+
+def _dialog_done(request, event: str, fallback_url: str):
+    if request.htmx:
+        response = HttpResponse(status=204)
+        response["HX-Trigger"] = json.dumps({event: True, "closeDialog": True})
+        return response
+    return redirect(fallback_url)
+
+
+def _token_shown_once(request, project, token, plaintext, *, holder: str):
+    context = {"project": project, "token": token, "plaintext": plaintext, "holder": holder}
+    response = _dialog(request, "mado/partials/_token_issued.html", context)
+    response["Cache-Control"] = "no-store"
+    if request.htmx:
+        response["HX-Trigger"] = json.dumps({"tokensChanged": True})
+    return response
+
+
+def _add_service_error(form, error: ServiceError) -> None:
+    placed = False
+    for field, messages in error.fields.items():
+        if field in form.fields:
+            form.add_error(field, error.message)
+            placed = True
+            break
+    if not placed:
+        form.add_error(None, error.message)

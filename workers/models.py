@@ -1,0 +1,1 @@
+"""Models of the workers app arrive with its issue; the app is wired so URLs, templates and migrations have a home."""
