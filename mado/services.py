@@ -213,13 +213,15 @@ def issue_personal_token(actor: Actor, project: Project, *, scopes, expires_in_d
                        kind=TokenKind.PERSONAL, name=name, ceiling=ceiling)
 
 
-def issue_service_account_token(actor: Actor, account: ServiceAccount, *, scopes, expires_in_days=None, name="", ceiling=None):
+def issue_service_account_token(actor: Actor, account: ServiceAccount, *, scopes, expires_in_days=None, name=""):
+    """A project admin equips a service account. No scope ceiling from the admin's own token: the
+    account's role bounds the scopes, and worker:execute exists only on service-account tokens."""
     _require_role(actor, account.project, Role.ADMIN, "Only project admins can issue tokens for service accounts.")
     if account.is_disabled:
         raise Conflict(f"The service account {account.name} is disabled; create a new one instead.",
                        "service_account_disabled")
     return issue_token(actor, user=account.user, project=account.project, scopes=scopes,
-                       expires_in_days=expires_in_days, kind=TokenKind.SERVICE, name=name, ceiling=ceiling)
+                       expires_in_days=expires_in_days, kind=TokenKind.SERVICE, name=name)
 
 
 def revoke_token(actor: Actor, token: ApiToken) -> ApiToken:

@@ -128,7 +128,7 @@ class ServiceAccountTokenView(APIView):
         account = _service_account(request, project, account_id)
         data = _valid(s.TokenRequestSerializer, request)
         token, plaintext = services.issue_service_account_token(
-            services.Actor.from_request(request), account, ceiling=token_scopes(request), **data
+            services.Actor.from_request(request), account, **data
         )
         return Response(s.issued_token_body(token, plaintext), status=201)
 
