@@ -19,7 +19,10 @@ venv: $(STAMP)
 
 # Debian packages the tests need as real peers; installed only when missing.
 peers:
-	@missing=""; command -v chromium >/dev/null || missing="$$missing chromium"; \
+	@missing=""; \
+	command -v chromium >/dev/null || missing="$$missing chromium"; \
+	test -x /usr/sbin/sshd || missing="$$missing openssh-server"; \
+	command -v git >/dev/null || missing="$$missing git"; \
 	if [ -n "$$missing" ]; then \
 	  echo "Installing from Debian:$$missing"; \
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
