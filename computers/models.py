@@ -1,1 +1,121 @@
-"""Models of the computers app arrive with its issue; the app is wired so URLs, templates and migrations have a home."""
+"""Computers (compute targets), their connection checks and the directory reads of the Add dialog."""
+from __future__ import annotations
+
+from django.conf import settings
+from django.core.validators import MaxValueValidator, MinValueValidator
+from django.db import models
+from django.db.models import Q
+from django.utils import timezone
+from django.utils.translation import gettext_lazy as _
+
+from computers.choices import (
+    OPEN_CHECK_STATUSES,
+    CheckStatus,
+    CpuArch,
+    DatasetTransfer,
+    Kind,
+    ReadStatus,
+    Visibility,
+)
+
+CONNECTION_FIELDS = ["host", "port", "ssh_user", "ssh_key_path", "known_hosts_path"]
+
+
+class ComputeTarget(models.Model):
+    name = models.CharField(_("Name"), max_length=64, unique=True)
+    kind = models.CharField(_("Type"), max_length=8, choices=Kind.choices, default=Kind.SSH)
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="computers")
+    visibility = models.CharField(_("Visibility"), max_length=8, choices=Visibility.choices, default=Visibility.PRIVATE)
+    enabled = models.BooleanField(_("Enabled"), default=False)
+    host = models.CharField(_("Host"), max_length=255, blank=True)
+    port = models.PositiveIntegerField(_("Port"), default=22, validators=[MinValueValidator(1), MaxValueValidator(65535)])
+    ssh_user = models.CharField(_("SSH user"), max_length=64, blank=True)
+    ssh_key_path = models.CharField(_("SSH key path"), max_length=1024, blank=True)
+    known_hosts_path = models.CharField(_("known_hosts path"), max_length=1024, blank=True)
+    working_dir = models.CharField(_("Working directory"), max_length=1024, blank=True)
+    python_path = models.CharField(_("Python executable path"), max_length=1024, blank=True)
+    cpu_arch = models.CharField(_("CPU architecture"), max_length=8, choices=CpuArch.choices, default=CpuArch.AMD64)
+    runtimes = models.JSONField(_("Supported runtimes"), default=list, blank=True)
+    gpu_ids = models.JSONField(_("GPU IDs"), default=list, blank=True)
+    concurrency = models.PositiveIntegerField(_("Concurrent jobs"), default=1,
+                                              validators=[MinValueValidator(1), MaxValueValidator(128)])
+    dataset_transfer = models.CharField(_("Dataset transfer"), max_length=8, choices=DatasetTransfer.choices,
+                                        default=DatasetTransfer.RELAY)
+    dataset_cache_limit_gib = models.PositiveIntegerField(_("Dataset cache limit (GiB)"), default=100,
+                                                          validators=[MinValueValidator(1)])
+    last_check_worker = models.ForeignKey("workers.Worker", on_delete=models.SET_NULL, null=True, blank=True,
+                                          related_name="+")
+    created_at = models.DateTimeField(default=timezone.now)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["name"]
+        constraints = [
+            models.CheckConstraint(condition=Q(port__gte=1, port__lte=65535), name="computer_port_range"),
+            models.CheckConstraint(condition=Q(concurrency__gte=1, concurrency__lte=128),
+                                   name="computer_concurrency_range"),
+        ]
+
+    def __str__(self) -> str:
+        return self.name
+
+    def connection(self) -> dict:
+        """What a worker needs to reach the computer."""
+        data = {"kind": self.kind}
+        if self.kind == Kind.SSH:
+            data.update({field: getattr(self, field) for field in CONNECTION_FIELDS})
+        return data
+
+
+class ConnectionCheck(models.Model):
+    target = models.ForeignKey(ComputeTarget, on_delete=models.CASCADE, related_name="checks")
+    requested_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, related_name="+")
+    requested_worker = models.ForeignKey("workers.Worker", on_delete=models.SET_NULL, null=True, blank=True,
+                                         related_name="requested_checks")
+    status = models.CharField(max_length=12, choices=CheckStatus.choices, default=CheckStatus.QUEUED)
+    lease_id = models.UUIDField(null=True, blank=True)
+    claimed_by = models.ForeignKey("workers.Worker", on_delete=models.SET_NULL, null=True, blank=True,
+                                   related_name="claimed_checks")
+    failure_reason = models.CharField(max_length=32, blank=True)
+    result = models.JSONField(null=True, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+    claimed_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        constraints = [
+            # One open check per computer: two admins pressing Check at once get a 409, not two checks.
+            models.UniqueConstraint(fields=["target"], condition=Q(status__in=OPEN_CHECK_STATUSES),
+                                    name="one_open_check_per_target"),
+        ]
+
+    def __str__(self) -> str:
+        return f"check {self.pk} of {self.target} ({self.status})"
+
+    @property
+    def is_open(self) -> bool:
+        return self.status in OPEN_CHECK_STATUSES
+
+
+class DirectoryRead(models.Model):
+    """One directory listing asked of a worker while the Add/Edit dialog is open. Names and kinds only."""
+
+    target = models.ForeignKey(ComputeTarget, on_delete=models.CASCADE, related_name="directory_reads")
+    connection = models.JSONField(help_text=_("The connection fields at the time of the request."))
+    path = models.CharField(max_length=1024)
+    requested_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, related_name="+")
+    requested_worker = models.ForeignKey("workers.Worker", on_delete=models.CASCADE, related_name="reads")
+    status = models.CharField(max_length=12, choices=ReadStatus.choices, default=ReadStatus.QUEUED)
+    lease_id = models.UUIDField(null=True, blank=True)
+    entries = models.JSONField(default=list, blank=True)
+    error = models.CharField(max_length=32, blank=True)
+    created_at = models.DateTimeField(default=timezone.now, db_index=True)
+    claimed_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return f"read {self.path} on {self.target}"

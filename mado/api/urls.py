@@ -1,4 +1,4 @@
-from django.urls import path, re_path
+from django.urls import include, path, re_path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from mado.api import views
@@ -16,6 +16,8 @@ urlpatterns = [
          name="api-service-account-disable"),
     path("projects/<slug:project>/tokens", views.ProjectTokenView.as_view(), name="api-project-tokens"),
     path("tokens/<int:token_id>/revoke", views.TokenRevokeView.as_view(), name="api-token-revoke"),
+    path("", include("computers.api_urls")),
+    path("", include("workers.api_urls")),
     path("schema/", SpectacularAPIView.as_view(permission_classes=[], authentication_classes=[]), name="api-schema"),
     path("docs/", SpectacularSwaggerView.as_view(url_name="api-schema", permission_classes=[], authentication_classes=[]),
          name="api-docs"),

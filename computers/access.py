@@ -1,0 +1,94 @@
+"""Who sees, uses and manages which computers (seed 002 "Permissions"). Every view, serializer and
+template asks these helpers; no other module decides these rules."""
+from __future__ import annotations
+
+from django.db.models import Q, QuerySet
+from django.http import Http404
+
+from computers.choices import Kind, Visibility
+from computers.models import ComputeTarget
+from mado import access as identity
+
+
+def listed_to(user) -> QuerySet[ComputeTarget]:
+    """Every signed-in user sees every computer's name, kind, owner, visibility and state."""
+    if not user.is_authenticated:
+        return ComputeTarget.objects.none()
+    return ComputeTarget.objects.select_related("owner")
+
+
+def usable_by(user) -> QuerySet[ComputeTarget]:
+    """Where the user's jobs may run: Public computers, and Private ones of the user, or — for a
+    service account — of the person who created it."""
+    if not user.is_authenticated:
+        return ComputeTarget.objects.none()
+    account = identity.service_account_of(user)
+    owner_id = account.created_by_id if account is not None else user.pk
+    return ComputeTarget.objects.filter(Q(visibility=Visibility.PUBLIC) | Q(owner_id=owner_id))
+
+
+def manageable_by(user) -> QuerySet[ComputeTarget]:
+    """Change, enable/disable, check: the owner and global administrators."""
+    if not user.is_authenticated:
+        return ComputeTarget.objects.none()
+    if user.is_superuser:
+        return ComputeTarget.objects.all()
+    return ComputeTarget.objects.filter(owner=user)
+
+
+def can_manage(user, target: ComputeTarget) -> bool:
+    return user.is_authenticated and (user.is_superuser or target.owner_id == user.pk)
+
+
+def can_use(user, target: ComputeTarget) -> bool:
+    return usable_by(user).filter(pk=target.pk).exists()
+
+
+def can_see_connection(user, target: ComputeTarget) -> bool:
+    """Host, port, user, key paths and known_hosts: owner and global administrators only."""
+    return can_manage(user, target)
+
+
+def can_add(user, kind: str) -> bool:
+    if kind in (Kind.SSH, Kind.LOCAL):
+        return user.is_authenticated and user.is_superuser
+    return user.is_authenticated  # sites: anyone signed in (the Sites issue builds them)
+
+
+def can_choose_worker(user) -> bool:
+    """Choosing a worker, its key candidates and directory reads: global administrators."""
+    return user.is_authenticated and user.is_superuser
+
+
+def detail_for(user, pk: int) -> ComputeTarget:
+    """A computer the user may use or manage; otherwise 404, so unusable computers' details do not leak."""
+    target = ComputeTarget.objects.select_related("owner", "last_check_worker").filter(pk=pk).first()
+    if target is None or not (can_manage(user, target) or can_use(user, target)):
+        raise Http404("No computer with this id that you can use or manage.")
+    return target
+
+
+def managed_for(user, pk: int) -> ComputeTarget:
+    """A computer the user may manage. One that they may use but not manage is 403; others 404."""
+    from django.core.exceptions import PermissionDenied
+
+    target = detail_for(user, pk)
+    if not can_manage(user, target):
+        raise PermissionDenied("Only the computer's owner and global administrators can change or check it.")
+    return target
+
+
+def workers_for_project(project):
+    from workers.models import Worker
+
+    return Worker.objects.filter(project=project)
+
+
+def workers_to_choose(user):
+    """Online workers that report key candidates, offered in Worker for this connection."""
+    from workers.models import Worker
+
+    if not can_choose_worker(user):
+        return []
+    # Filtered in Python: SQLite (the demo database) has no JSON containment lookup.
+    return [w for w in Worker.objects.online().order_by("worker_id", "-last_seen_at") if w.reports_candidates]

@@ -1,0 +1,119 @@
+"""The computers API (DESIGN §4/§5): thin views over computers.access and computers.services."""
+from __future__ import annotations
+
+from django.shortcuts import get_object_or_404
+from drf_spectacular.utils import OpenApiTypes, extend_schema
+from rest_framework import exceptions
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from computers import access, services
+from computers.models import ConnectionCheck, DirectoryRead
+from computers.serializers import (
+    CheckRequestSerializer,
+    ComputerInputSerializer,
+    ReadRequestSerializer,
+    check_body,
+    computer_body,
+    read_body,
+)
+from mado.choices import Scope
+from mado.services import Actor
+from workers.models import Worker
+
+
+def _object_body(request) -> dict:
+    if not isinstance(request.data, dict):
+        raise exceptions.ValidationError("Send a JSON object.")
+    return dict(request.data)
+
+
+def online_worker(worker_id: str | None) -> Worker | None:
+    if not worker_id:
+        return None
+    worker = Worker.objects.online().filter(worker_id=worker_id).order_by("-last_seen_at").first()
+    if worker is None:
+        raise exceptions.ValidationError({"worker_id": [f"No online worker {worker_id}; start it and press Refresh workers."]})
+    return worker
+
+
+class ComputerListView(APIView):
+    required_scopes = {"GET": Scope.READ, "POST": Scope.ADMIN}
+
+    @extend_schema(responses=OpenApiTypes.OBJECT)
+    def get(self, request):
+        targets = list(access.listed_to(request.user).select_related("last_check_worker"))
+        usable_ids = set(access.usable_by(request.user).values_list("pk", flat=True))
+        return Response({"items": [computer_body(request.user, t, usable=t.pk in usable_ids) for t in targets],
+                         "next": None})
+
+    @extend_schema(request=ComputerInputSerializer, responses={201: OpenApiTypes.OBJECT})
+    def post(self, request):
+        target = services.register_computer(Actor.from_request(request), _object_body(request))
+        return Response(computer_body(request.user, target), status=201)
+
+
+class ComputerDetailView(APIView):
+    required_scopes = {"GET": Scope.READ, "PATCH": Scope.ADMIN}
+
+    @extend_schema(responses=OpenApiTypes.OBJECT)
+    def get(self, request, pk):
+        return Response(computer_body(request.user, access.detail_for(request.user, pk)))
+
+    @extend_schema(request=ComputerInputSerializer, responses=OpenApiTypes.OBJECT)
+    def patch(self, request, pk):
+        target = access.managed_for(request.user, pk)
+        target = services.update_computer(Actor.from_request(request), target, _object_body(request))
+        return Response(computer_body(request.user, target))
+
+
+class CheckListView(APIView):
+    required_scopes = {"POST": Scope.ADMIN}
+
+    @extend_schema(request=CheckRequestSerializer, responses={201: OpenApiTypes.OBJECT})
+    def post(self, request, pk):
+        target = access.managed_for(request.user, pk)
+        serializer = CheckRequestSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        worker_id = serializer.validated_data.get("worker_id")
+        if worker_id and not access.can_choose_worker(request.user):
+            raise exceptions.PermissionDenied("Only global administrators can choose the worker for a check.")
+        check = services.request_check(Actor.from_request(request), target, online_worker(worker_id))
+        return Response(check_body(check), status=201)
+
+
+class CheckDetailView(APIView):
+    @extend_schema(responses=OpenApiTypes.OBJECT)
+    def get(self, request, pk, check_id):
+        target = access.managed_for(request.user, pk)
+        services.expire_stale()
+        check = get_object_or_404(ConnectionCheck.objects.select_related("requested_worker", "claimed_by"),
+                                  pk=check_id, target=target)
+        return Response(check_body(check))
+
+
+class ReadListView(APIView):
+    required_scopes = {"POST": Scope.ADMIN}
+
+    @extend_schema(request=ReadRequestSerializer, responses={201: OpenApiTypes.OBJECT})
+    def post(self, request, pk):
+        if not access.can_choose_worker(request.user):
+            raise exceptions.PermissionDenied("Only global administrators can read directories through a worker.")
+        target = access.managed_for(request.user, pk)
+        serializer = ReadRequestSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        read = services.request_read(Actor.from_request(request), target,
+                                     online_worker(serializer.validated_data["worker_id"]),
+                                     serializer.validated_data["path"])
+        return Response(read_body(read), status=201)
+
+
+class ReadDetailView(APIView):
+    @extend_schema(responses=OpenApiTypes.OBJECT)
+    def get(self, request, pk, read_id):
+        if not access.can_choose_worker(request.user):
+            raise exceptions.PermissionDenied("Only global administrators can read directories through a worker.")
+        target = access.managed_for(request.user, pk)
+        services.expire_stale()
+        read = get_object_or_404(DirectoryRead.objects.select_related("requested_worker"), pk=read_id, target=target)
+        return Response(read_body(read))

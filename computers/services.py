@@ -1,0 +1,428 @@
+"""State changes of computers, connection checks and directory reads. Each runs in one transaction
+and writes an AuditEvent where a person changed something."""
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from datetime import timedelta
+
+from django.conf import settings
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from computers import locks
+from computers.choices import (
+    CHECK_ITEM_KEYS,
+    RESOLUTIONS,
+    CheckFailure,
+    CheckStatus,
+    CpuArch,
+    DatasetTransfer,
+    EntryKind,
+    ItemStatus,
+    Kind,
+    ReadError,
+    ReadStatus,
+    Runtime,
+    Visibility,
+)
+from computers.models import CONNECTION_FIELDS, ComputeTarget, ConnectionCheck, DirectoryRead
+from mado.errors import Conflict, Forbidden, ServiceError
+from mado.services import Actor, audit
+from workers.longpoll import notify
+
+NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+GPU_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9-]{0,63}$")
+CHECK_CLAIM_TIMEOUT = timedelta(minutes=5)
+CHECK_RESULT_TIMEOUT = timedelta(minutes=5)
+READ_CLAIM_TIMEOUT = timedelta(seconds=60)
+READ_RETENTION = timedelta(minutes=10)
+MAX_READ_ENTRIES = 5000
+CHECKS_CHANNEL = "mado_checks"
+READS_CHANNEL = "mado_reads"
+EDITABLE_FIELDS = ["name", "visibility", "enabled", *CONNECTION_FIELDS, "working_dir", "python_path", "cpu_arch",
+                   "runtimes", "gpu_ids", "concurrency", "dataset_transfer", "dataset_cache_limit_gib"]
+SECRET_PATTERNS = [re.compile(r"mmtj?_[A-Za-z0-9_-]{16,}"), re.compile(r"PRIVATE KEY"),
+                   re.compile(r"ssh-(ed25519|rsa|dss) AAAA")]
+
+
+# Computers --------------------------------------------------------------------------------------
+
+def register_computer(actor: Actor, data: dict) -> ComputeTarget:
+    """Step 1 of Add computer, or a whole computer through the API. Disabled unless asked otherwise
+    with a working directory and a Python path."""
+    kind = data.get("kind") or Kind.SSH
+    if kind == Kind.SITE:
+        raise ServiceError("Site computers are added with the site form, which arrives with Sites.", "kind_reserved",
+                           fields={"kind": ["Not available yet."]})
+    from computers import access
+
+    if actor.user is not None and not access.can_add(actor.user, kind):
+        raise Forbidden("Only global administrators can add SSH and Local computers.", "global_admin_required")
+    values = _clean({"kind": kind, **data}, target=None)
+    if "concurrency" not in data or data.get("concurrency") in (None, ""):
+        values["concurrency"] = max(1, len(values.get("gpu_ids", [])))
+    with transaction.atomic():
+        target = ComputeTarget.objects.create(owner=actor.user, **values)
+        audit(actor, "computer.create", target, after=_snapshot(target))
+    if target.enabled:
+        notify("mado_jobs")
+    return target
+
+
+def update_computer(actor: Actor, target: ComputeTarget, changes: dict) -> ComputeTarget:
+    from computers import access
+
+    if actor.user is not None and not access.can_manage(actor.user, target):
+        raise Forbidden("Only the computer's owner and global administrators can change it.", "not_owner")
+    unknown = sorted(set(changes) - set(EDITABLE_FIELDS))
+    if unknown:
+        raise ServiceError(f"These fields cannot be changed: {', '.join(unknown)}.", "read_only_fields",
+                           fields={name: ["Read only."] for name in unknown})
+    with transaction.atomic():
+        target = ComputeTarget.objects.select_for_update().get(pk=target.pk)
+        values = _clean({**_snapshot(target), **changes}, target=target)
+        changed = {k: v for k, v in values.items() if getattr(target, k) != v}
+        if not changed:
+            return target
+        jobs = locks.active_jobs(target)
+        held = locks.locked_changes(target, changed, jobs)
+        if held:
+            raise Conflict(
+                f"Jobs {locks.describe_jobs(jobs)} are queued or running on this computer, so "
+                f"{', '.join(held)} cannot change now; save after the Jobs end.", "computer_in_use",
+                fields={name: ["Locked while Jobs use this computer."] for name in held})
+        before = {k: _jsonable(getattr(target, k)) for k in changed}
+        for field, value in changed.items():
+            setattr(target, field, value)
+        target.save()
+        after = {k: _jsonable(v) for k, v in changed.items()}
+        audit(actor, _update_action(changed), target, before=before, after=after)
+    if changed.get("enabled"):
+        notify("mado_jobs")
+    return target
+
+
+def set_enabled(actor: Actor, target: ComputeTarget, enabled: bool) -> ComputeTarget:
+    """Enable/Disable in the list: always allowed, even while Jobs run (disabling only stops new ones)."""
+    return update_computer(actor, target, {"enabled": enabled})
+
+
+def apply_suggested_settings(actor: Actor, target: ComputeTarget, *, gpu_ids=None, runtimes=None) -> ComputeTarget:
+    changes = {}
+    if gpu_ids is not None:
+        changes["gpu_ids"] = gpu_ids
+    if runtimes is not None:
+        changes["runtimes"] = runtimes
+    return update_computer(actor, target, changes)
+
+
+def _update_action(changed: dict) -> str:
+    if set(changed) == {"enabled"}:
+        return "computer.enable" if changed["enabled"] else "computer.disable"
+    if set(changed) == {"visibility"}:
+        return "computer.visibility_change"
+    return "computer.update"
+
+
+def _clean(data: dict, *, target: ComputeTarget | None) -> dict:
+    """Validate the editable fields; every problem is collected so the form shows all of them."""
+    errors: dict[str, list[str]] = {}
+    out: dict = {}
+    kind = data.get("kind", Kind.SSH)
+    if kind not in (Kind.SSH, Kind.LOCAL):
+        errors["kind"] = ["Type must be SSH or Local."]
+    elif kind == Kind.LOCAL and not settings.DEV_MODE:
+        errors["kind"] = ["Local computers exist only in development mode (MADO_DEV_MODE=true)."]
+    out["kind"] = kind
+
+    name = str(data.get("name") or "").strip()
+    if not NAME_PATTERN.match(name):
+        errors["name"] = ["Use 1–64 letters, digits, '.', '_' or '-', starting with a letter or digit."]
+    elif ComputeTarget.objects.filter(name__iexact=name).exclude(pk=target.pk if target else None).exists():
+        errors["name"] = [f"A computer named {name} already exists; choose another name."]
+    out["name"] = name
+
+    out["visibility"] = data.get("visibility") or Visibility.PRIVATE
+    if out["visibility"] not in Visibility.values:
+        errors["visibility"] = ["Visibility must be public or private."]
+
+    if kind == Kind.SSH:
+        out["host"] = str(data.get("host") or "").strip()
+        if not out["host"] or any(c.isspace() for c in out["host"]) or len(out["host"]) > 255:
+            errors["host"] = ["Enter the SSH host name or address."]
+        out["port"] = _int_in(data.get("port", 22), 1, 65535, "port", errors, "Port must be between 1 and 65535.")
+        out["ssh_user"] = str(data.get("ssh_user") or "").strip()
+        if not re.match(r"^[A-Za-z_][A-Za-z0-9_.-]{0,63}$", out["ssh_user"]):
+            errors["ssh_user"] = ["Enter the SSH user to connect as."]
+        for field, label in (("ssh_key_path", "SSH key path"), ("known_hosts_path", "known_hosts path")):
+            out[field] = str(data.get(field) or "").strip()
+            if not out[field].startswith("/"):
+                errors[field] = [f"Enter the absolute {label} on the worker machine."]
+    else:
+        out.update(host="", port=22, ssh_user="", ssh_key_path="", known_hosts_path="")
+
+    for field, label in (("working_dir", "working directory"), ("python_path", "Python executable path")):
+        out[field] = str(data.get(field) or "").strip()
+        if out[field] and (not out[field].startswith("/") or "\n" in out[field]):
+            errors[field] = [f"The {label} must be an absolute path on the computer."]
+
+    out["cpu_arch"] = data.get("cpu_arch") or CpuArch.AMD64
+    if out["cpu_arch"] not in CpuArch.values:
+        errors["cpu_arch"] = ["CPU architecture must be amd64 or arm64."]
+
+    runtimes = data.get("runtimes") or []
+    if not isinstance(runtimes, list) or not set(runtimes) <= set(Runtime.values):
+        errors["runtimes"] = [f"Runtimes must be chosen from {', '.join(Runtime.values)}."]
+        runtimes = []
+    out["runtimes"] = [r for r in Runtime.values if r in runtimes]
+
+    gpu_ids = data.get("gpu_ids") or []
+    if isinstance(gpu_ids, str):
+        gpu_ids = gpu_ids.split()
+    gpu_ids = [str(g).strip() for g in gpu_ids if str(g).strip()] if isinstance(gpu_ids, list) else None
+    if gpu_ids is None or not all(GPU_ID_PATTERN.match(g) for g in gpu_ids) or len(set(gpu_ids)) != len(gpu_ids):
+        errors["gpu_ids"] = ["GPU IDs are numbers or GPU UUIDs, one per line, each once."]
+        gpu_ids = []
+    out["gpu_ids"] = gpu_ids
+
+    default_concurrency = max(1, len(gpu_ids))
+    raw = data.get("concurrency")
+    out["concurrency"] = _int_in(default_concurrency if raw in (None, "") else raw, 1, 128, "concurrency", errors,
+                                 "Concurrent jobs must be between 1 and 128.")
+    out["dataset_transfer"] = data.get("dataset_transfer") or DatasetTransfer.RELAY
+    if out["dataset_transfer"] not in DatasetTransfer.values:
+        errors["dataset_transfer"] = ["Dataset transfer must be relay or direct."]
+    out["dataset_cache_limit_gib"] = _int_in(data.get("dataset_cache_limit_gib", 100), 1, 1_000_000,
+                                             "dataset_cache_limit_gib", errors,
+                                             "The dataset cache limit must be at least 1 GiB.")
+    out["enabled"] = bool(data.get("enabled", False))
+    if out["enabled"]:
+        missing = [f for f in ("working_dir", "python_path") if not out[f]]
+        for field in missing:
+            errors.setdefault(field, []).append("Required to enable the computer.")
+    if errors:
+        summary = " ".join(message for messages in errors.values() for message in messages)
+        raise ServiceError(summary, "invalid_computer", fields=errors)
+    return out
+
+
+def _int_in(value, low, high, field, errors, message):
+    try:
+        number = int(value)
+    except (TypeError, ValueError):
+        errors[field] = [message]
+        return low
+    if isinstance(value, bool) or not low <= number <= high or (isinstance(value, float) and value != number):
+        errors[field] = [message]
+    return number
+
+
+def _snapshot(target: ComputeTarget) -> dict:
+    return {field: _jsonable(getattr(target, field)) for field in ["kind", *EDITABLE_FIELDS]}
+
+
+def _jsonable(value):
+    return list(value) if isinstance(value, (list, tuple)) else value
+
+
+# Connection checks ------------------------------------------------------------------------------
+
+def request_check(actor: Actor, target: ComputeTarget, worker=None) -> ConnectionCheck:
+    from computers import access
+
+    if actor.user is not None and not access.can_manage(actor.user, target):
+        raise Forbidden("Only the computer's owner and global administrators can run connection checks.", "not_owner")
+    if worker is not None and actor.user is not None and not access.can_choose_worker(actor.user):
+        raise Forbidden("Only global administrators can choose the worker for a check.", "global_admin_required")
+    expire_stale()
+    named = worker if worker is not None else target.last_check_worker
+    try:
+        with transaction.atomic():
+            check = ConnectionCheck.objects.create(target=target, requested_by=actor.user, requested_worker=named)
+            if worker is not None:
+                ComputeTarget.objects.filter(pk=target.pk).update(last_check_worker=worker)
+            audit(actor, "computer.check.request", target,
+                  after={"check": check.pk, "worker": named.worker_id if named else None})
+    except IntegrityError:
+        raise Conflict("A connection check of this computer is already waiting or running; wait for its result.",
+                       "target_check_in_progress") from None
+    notify(CHECKS_CHANNEL)
+    return check
+
+
+def expire_stale() -> None:
+    """Checks nobody claimed within 5 minutes, or claimed without a result for 5 minutes, end as expired;
+    reads older than 10 minutes are forgotten."""
+    now = timezone.now()
+    ConnectionCheck.objects.filter(status=CheckStatus.QUEUED, created_at__lt=now - CHECK_CLAIM_TIMEOUT).update(
+        status=CheckStatus.EXPIRED, failure_reason=CheckFailure.NOT_CLAIMED, finished_at=now)
+    ConnectionCheck.objects.filter(status=CheckStatus.CLAIMED, claimed_at__lt=now - CHECK_RESULT_TIMEOUT).update(
+        status=CheckStatus.EXPIRED, failure_reason=CheckFailure.NO_RESULT, finished_at=now)
+    DirectoryRead.objects.filter(status=ReadStatus.QUEUED, created_at__lt=now - READ_CLAIM_TIMEOUT).update(
+        status=ReadStatus.FAILED, error=ReadError.NOT_CLAIMED, finished_at=now)
+    DirectoryRead.objects.filter(created_at__lt=now - READ_RETENTION).delete()
+
+
+def claim_check(worker) -> ConnectionCheck | None:
+    """Hand the oldest check this worker may take to it. A resent claim returns the check it holds,
+    with the same lease, so a lost answer never makes a second claim."""
+    expire_stale()
+    with transaction.atomic():
+        held = ConnectionCheck.objects.filter(status=CheckStatus.CLAIMED, claimed_by=worker).select_related("target")
+        if (check := held.first()) is not None:
+            return check
+        eligible = ConnectionCheck.objects.filter(status=CheckStatus.QUEUED, requested_worker=worker)
+        if worker.target_ids:
+            eligible = eligible | ConnectionCheck.objects.filter(
+                status=CheckStatus.QUEUED, requested_worker__isnull=True, target_id__in=worker.target_ids)
+        # SKIP LOCKED: two workers polling at once never wait on, or both take, the same row.
+        check = (ConnectionCheck.objects.filter(pk__in=eligible.values("pk")).order_by("created_at", "id")
+                 .select_for_update(skip_locked=True, of=("self",)).first())
+        if check is None:
+            return None
+        check.status = CheckStatus.CLAIMED
+        check.claimed_by = worker
+        check.claimed_at = timezone.now()
+        check.lease_id = uuid.uuid4()
+        check.save(update_fields=["status", "claimed_by", "claimed_at", "lease_id"])
+    return ConnectionCheck.objects.select_related("target").get(pk=check.pk)
+
+
+def complete_check(worker, check_id: int, *, lease_id, status: str, result) -> ConnectionCheck:
+    if status not in (CheckStatus.SUCCEEDED, CheckStatus.FAILED):
+        raise ServiceError("status must be succeeded or failed.", "invalid", fields={"status": ["Invalid."]})
+    expire_stale()
+    with transaction.atomic():
+        check = ConnectionCheck.objects.select_for_update().select_related("target").filter(pk=check_id).first()
+        if check is None or check.claimed_by_id != worker.pk:
+            raise ServiceError("No check with this id is held by this worker.", "not_found", status=404)
+        if str(check.lease_id) != str(lease_id):
+            raise Conflict("This lease is not the check's current lease; drop the check.", "invalid_lease")
+        if check.status == CheckStatus.EXPIRED:
+            raise Conflict("This check expired before its result arrived; the user can start a new one.",
+                           "check_expired")
+        if check.status in (CheckStatus.SUCCEEDED, CheckStatus.FAILED):
+            if check.status == status:
+                return check
+            raise Conflict(f"This check already ended as {check.status}.", "check_already_completed")
+        cleaned = _clean_result(result, check.target)
+        check.status = status
+        check.result = cleaned
+        check.failure_reason = CheckFailure.CHECK_FAILED if status == CheckStatus.FAILED else ""
+        check.finished_at = timezone.now()
+        check.save(update_fields=["status", "result", "failure_reason", "finished_at"])
+        audit(Actor(user=worker.token.user), "computer.check.finish", check.target,
+              after={"check": check.pk, "status": status, "worker": worker.worker_id})
+    return check
+
+
+def _clean_result(result, target: ComputeTarget) -> dict:
+    if not isinstance(result, dict):
+        raise ServiceError("result must be an object with items, machine, pythons, workdirs, gpus and runtimes.",
+                           "invalid_result", fields={"result": ["Object expected."]})
+    text = json.dumps(result)
+    secrets = [p for p in (target.ssh_key_path, target.known_hosts_path) if p and p in text]
+    if secrets or any(pattern.search(text) for pattern in SECRET_PATTERNS):
+        raise ServiceError("The result contains a key path, a token or key material; nothing was stored. "
+                           "Update the worker: results must be sanitised.", "target_check_secret_in_result")
+    if len(text) > 256 * 1024:
+        raise ServiceError("The result is larger than 256 KiB.", "invalid_result")
+    items = []
+    for raw in result.get("items", []):
+        if not isinstance(raw, dict) or raw.get("key") not in CHECK_ITEM_KEYS or raw.get("status") not in ItemStatus.values:
+            raise ServiceError(f"Each item needs a key from {', '.join(CHECK_ITEM_KEYS)} and a status from "
+                               f"{', '.join(ItemStatus.values)}.", "invalid_result", fields={"items": ["Invalid item."]})
+        code = raw.get("code") or ""
+        detail = _sanitise(str(raw.get("detail") or ""))
+        items.append({"key": raw["key"], "status": raw["status"], "code": code, "detail": detail,
+                      "resolution": str(RESOLUTIONS.get(code, "")) if raw["status"] == ItemStatus.FAILED else ""})
+    machine = result.get("machine") or {}
+    arch = {"x86_64": "amd64", "aarch64": "arm64"}.get(machine.get("arch"), machine.get("arch"))
+    return {
+        "items": items,
+        "machine": {"arch": arch, "cores": machine.get("cores"), "memory_bytes": machine.get("memory_bytes"),
+                    "home": machine.get("home")},
+        "pythons": [p for p in result.get("pythons", []) if isinstance(p, dict) and str(p.get("path", "")).startswith("/")],
+        "workdirs": [w for w in result.get("workdirs", []) if isinstance(w, dict) and str(w.get("path", "")).startswith("/")],
+        "gpus": [g for g in result.get("gpus", []) if isinstance(g, dict)],
+        "runtimes": [r for r in result.get("runtimes", []) if r in Runtime.values],
+    }
+
+
+def _sanitise(text: str) -> str:
+    return "".join(ch for ch in text if ch.isprintable())[:200]
+
+
+# Directory reads --------------------------------------------------------------------------------
+
+def request_read(actor: Actor, target: ComputeTarget, worker, path: str) -> DirectoryRead:
+    from computers import access
+
+    if actor.user is not None and not access.can_choose_worker(actor.user):
+        raise Forbidden("Only global administrators can read directories through a worker.", "global_admin_required")
+    if not isinstance(path, str) or not path.startswith("/") or len(path) > 1024 or "\0" in path or "\n" in path:
+        raise ServiceError("Type an absolute path, such as /data/.", "invalid_path", fields={"path": ["Absolute path."]})
+    if worker is None or not worker.is_online:
+        raise ServiceError("Choose an online worker in Worker for this connection.", "worker_offline",
+                           fields={"worker_id": ["Not online."]})
+    expire_stale()
+    read = DirectoryRead.objects.create(target=target, connection=target.connection(), path=path,
+                                        requested_by=actor.user, requested_worker=worker)
+    notify(READS_CHANNEL)
+    return read
+
+
+def claim_read(worker) -> DirectoryRead | None:
+    with transaction.atomic():
+        held = DirectoryRead.objects.filter(status=ReadStatus.CLAIMED, requested_worker=worker).first()
+        if held is not None:
+            return held
+        read = (DirectoryRead.objects.filter(status=ReadStatus.QUEUED, requested_worker=worker)
+                .order_by("created_at", "id").select_for_update(skip_locked=True).first())
+        if read is None:
+            return None
+        read.status = ReadStatus.CLAIMED
+        read.claimed_at = timezone.now()
+        read.lease_id = uuid.uuid4()
+        read.save(update_fields=["status", "claimed_at", "lease_id"])
+    return read
+
+
+def complete_read(worker, read_id: int, *, lease_id, entries, error) -> DirectoryRead:
+    if error not in (None, "", *[e for e in ReadError.values if e != ReadError.NOT_CLAIMED]):
+        raise ServiceError("error must be not_found, permission_denied, connect_failed or not_a_directory.",
+                           "invalid", fields={"error": ["Unknown error."]})
+    clean_entries = _clean_entries(entries or [])
+    with transaction.atomic():
+        read = DirectoryRead.objects.select_for_update().filter(pk=read_id, requested_worker=worker).first()
+        if read is None:
+            raise ServiceError("No read with this id is asked of this worker (reads are kept 10 minutes).",
+                               "not_found", status=404)
+        if str(read.lease_id) != str(lease_id):
+            raise Conflict("This lease is not the read's current lease; drop the read.", "invalid_lease")
+        if read.status in (ReadStatus.DONE, ReadStatus.FAILED):
+            return read
+        read.status = ReadStatus.FAILED if error else ReadStatus.DONE
+        read.error = error or ""
+        read.entries = [] if error else clean_entries
+        read.finished_at = timezone.now()
+        read.save(update_fields=["status", "error", "entries", "finished_at"])
+    return read
+
+
+def _clean_entries(entries) -> list[dict]:
+    if not isinstance(entries, list) or len(entries) > MAX_READ_ENTRIES:
+        raise ServiceError(f"entries must be a list of at most {MAX_READ_ENTRIES} names.", "invalid",
+                           fields={"entries": ["Too many or not a list."]})
+    clean = []
+    for entry in entries:
+        name = entry.get("name") if isinstance(entry, dict) else None
+        kind = entry.get("kind") if isinstance(entry, dict) else None
+        if not isinstance(name, str) or not name or "/" in name or "\0" in name or name in (".", "..") \
+                or kind not in EntryKind.values or set(entry) - {"name", "kind"}:
+            raise ServiceError("Each entry is {name, kind} with kind dir, file, exec or symlink — names only.",
+                               "invalid", fields={"entries": ["Invalid entry."]})
+        clean.append({"name": name, "kind": kind})
+    return sorted(clean, key=lambda e: (e["kind"] != "dir", e["name"]))

@@ -1,0 +1,137 @@
+"""The worker-facing API (scope worker:execute) and the presence lists for people."""
+from __future__ import annotations
+
+from django.conf import settings
+from drf_spectacular.utils import OpenApiTypes, extend_schema
+from rest_framework import exceptions
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from computers import services as computer_services
+from mado.api.views import items, project_for
+from mado.choices import Scope
+from workers import services
+from workers.longpoll import wait_for
+from workers.models import Worker
+
+
+class WorkerView(APIView):
+    """Base of the worker endpoints: a worker:execute token, never a browser session."""
+
+    required_scopes = {"POST": Scope.WORKER_EXECUTE}
+
+    def initial(self, request, *args, **kwargs):
+        super().initial(request, *args, **kwargs)
+        if request.auth is None or request.auth.is_job:
+            raise exceptions.PermissionDenied("Worker endpoints take a service-account token with worker:execute.",
+                                              code="worker_token_required")
+
+    def body(self) -> dict:
+        if not isinstance(self.request.data, dict):
+            raise exceptions.ValidationError("Send a JSON object.")
+        return self.request.data
+
+    def worker(self) -> Worker:
+        return services.touch(self.request.auth, self.body().get("worker_id"))
+
+    def wait_seconds(self) -> float:
+        wait = self.body().get("wait", 0)
+        if not isinstance(wait, (int, float)) or isinstance(wait, bool) or not 0 <= wait <= 30:
+            raise exceptions.ValidationError({"wait": ["wait is a number of seconds from 0 to 30."]})
+        return float(wait)
+
+
+class HelloView(WorkerView):
+    @extend_schema(request=OpenApiTypes.OBJECT, responses=OpenApiTypes.OBJECT)
+    def post(self, request):
+        worker = services.hello(request.auth, self.body())
+        return Response({"worker_id": worker.worker_id, "online": True, "server_time": worker.last_seen_at,
+                         "hello_interval_seconds": 60})
+
+
+class CheckClaimView(WorkerView):
+    @extend_schema(request=OpenApiTypes.OBJECT, responses=OpenApiTypes.OBJECT)
+    def post(self, request):
+        worker = self.worker()
+        check = wait_for(lambda: computer_services.claim_check(worker), self.wait_seconds(),
+                         computer_services.CHECKS_CHANNEL)
+        if check is None:
+            return Response({"item": None})
+        target = check.target
+        return Response({"item": {
+            "id": check.pk,
+            "lease_id": str(check.lease_id),
+            "api_url": settings.PUBLIC_URL,
+            "computer": {"id": target.pk, "name": target.name, **target.connection(),
+                         "working_dir": target.working_dir, "python_path": target.python_path,
+                         "gpu_ids": target.gpu_ids, "runtimes": target.runtimes},
+        }})
+
+
+class CheckCompleteView(WorkerView):
+    @extend_schema(request=OpenApiTypes.OBJECT, responses=OpenApiTypes.OBJECT)
+    def post(self, request, check_id):
+        body = self.body()
+        check = computer_services.complete_check(self.worker(), check_id, lease_id=body.get("lease_id"),
+                                                 status=body.get("status"), result=body.get("result"))
+        return Response({"id": check.pk, "status": check.status})
+
+
+class ReadClaimView(WorkerView):
+    @extend_schema(request=OpenApiTypes.OBJECT, responses=OpenApiTypes.OBJECT)
+    def post(self, request):
+        worker = self.worker()
+        read = wait_for(lambda: computer_services.claim_read(worker), self.wait_seconds(),
+                        computer_services.READS_CHANNEL)
+        if read is None:
+            return Response({"item": None})
+        return Response({"item": {"id": read.pk, "lease_id": str(read.lease_id), "path": read.path,
+                                  "connection": read.connection}})
+
+
+class ReadCompleteView(WorkerView):
+    @extend_schema(request=OpenApiTypes.OBJECT, responses=OpenApiTypes.OBJECT)
+    def post(self, request, read_id):
+        body = self.body()
+        read = computer_services.complete_read(self.worker(), read_id, lease_id=body.get("lease_id"),
+                                               entries=body.get("entries"), error=body.get("error"))
+        return Response({"id": read.pk, "status": read.status})
+
+
+def worker_body(worker: Worker, *, with_candidates: bool) -> dict:
+    body = {
+        "worker_id": worker.worker_id,
+        "project": worker.project.slug,
+        "version": worker.version,
+        "hostname": worker.hostname,
+        "parallel_jobs": worker.parallel_jobs,
+        "target_ids": worker.target_ids,
+        "capabilities": worker.capabilities,
+        "online": worker.is_online,
+        "status": "online" if worker.is_online else "offline",
+        "last_seen_at": worker.last_seen_at,
+        "started_at": worker.started_at,
+        "active_jobs": worker.active_jobs,
+    }
+    if with_candidates:
+        body["ssh_key_candidates"] = worker.ssh_key_candidates
+        body["known_hosts_candidates"] = worker.known_hosts_candidates
+    return body
+
+
+class ProjectWorkersView(APIView):
+    @extend_schema(responses=OpenApiTypes.OBJECT)
+    def get(self, request, project):
+        project = project_for(request, project)
+        workers = Worker.objects.filter(project=project).select_related("project")
+        return Response(items([worker_body(w, with_candidates=request.user.is_superuser) for w in workers]))
+
+
+class AllWorkersView(APIView):
+    @extend_schema(responses=OpenApiTypes.OBJECT)
+    def get(self, request):
+        if not request.user.is_superuser:
+            raise exceptions.PermissionDenied("Only global administrators see every worker; "
+                                              "use /api/projects/{project}/workers.")
+        workers = Worker.objects.select_related("project")
+        return Response(items([worker_body(w, with_candidates=True) for w in workers]))

@@ -1,0 +1,13 @@
+from django.urls import path
+
+from workers import api
+
+urlpatterns = [
+    path("worker/hello", api.HelloView.as_view(), name="api-worker-hello"),
+    path("worker/checks/claim", api.CheckClaimView.as_view(), name="api-worker-check-claim"),
+    path("worker/checks/<int:check_id>/complete", api.CheckCompleteView.as_view(), name="api-worker-check-complete"),
+    path("worker/reads/claim", api.ReadClaimView.as_view(), name="api-worker-read-claim"),
+    path("worker/reads/<int:read_id>/complete", api.ReadCompleteView.as_view(), name="api-worker-read-complete"),
+    path("workers", api.AllWorkersView.as_view(), name="api-workers"),
+    path("projects/<slug:project>/workers", api.ProjectWorkersView.as_view(), name="api-project-workers"),
+]
