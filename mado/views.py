@@ -7,6 +7,7 @@ from django.contrib.auth.decorators import login_required
 from django.http import HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
+from django.utils.translation import gettext as _
 from django.views.decorators.http import require_http_methods, require_POST
 
 from mado import access, services
@@ -19,6 +20,10 @@ from mado.models import ApiToken, ServiceAccount
 
 @login_required
 def home(request):
+    wanted = request.GET.get("project")
+    if wanted:  # the project switcher, also without JavaScript
+        project = access.project_for_user(request.user, wanted)
+        return redirect("project-home", project=project.slug)
     project = access.projects_visible_to(request.user).first()
     if project is not None:
         return redirect("project-home", project=project.slug)
@@ -47,7 +52,7 @@ def project_home(request, project):
 def service_accounts(request, project):
     project = access.project_for_user(request.user, project, Role.ADMIN)
     accounts = project.service_accounts.select_related("created_by")
-    context = {"project": project, "accounts": accounts}
+    context = {"project": project, "accounts": accounts, "is_project_admin": True}
     if request.htmx and request.GET.get("fragment") == "list":
         return render(request, "mado/partials/_service_account_list.html", context)
     return render(request, "mado/service_accounts.html", context)
@@ -65,7 +70,8 @@ def service_account_create(request, project):
             _add_service_error(form, error)
         else:
             return _dialog_done(request, "serviceAccountsChanged", reverse("service-accounts", args=[project.slug]))
-    return _dialog(request, "mado/partials/_service_account_form.html", {"project": project, "form": form})
+    return _dialog(request, "mado/partials/_service_account_form.html", {"project": project, "form": form},
+                   back=reverse("service-accounts", args=[project.slug]))
 
 
 @login_required
@@ -77,7 +83,10 @@ def service_account_token_create(request, project, account_id):
     form = TokenForm(request.POST or None, allowed_scopes=allowed)
     context = {"project": project, "account": account, "form": form,
                "action": reverse("service-account-token-create", args=[project.slug, account.pk])}
-    if request.method == "POST" and form.is_valid():
+    if account.is_disabled:
+        form.add_error(None, _("The Service Account %(name)s is disabled; create a new one instead.")
+                       % {"name": account.name})
+    elif request.method == "POST" and form.is_valid():
         try:
             token, plaintext = services.issue_service_account_token(
                 services.Actor.from_request(request), account, **form.cleaned_data
@@ -85,8 +94,9 @@ def service_account_token_create(request, project, account_id):
         except ServiceError as error:
             _add_service_error(form, error)
         else:
-            return _token_shown_once(request, project, token, plaintext, holder=account.name)
-    return _dialog(request, "mado/partials/_token_form.html", context)
+            return _token_shown_once(request, project, token, plaintext, holder=account.name,
+                                     back=reverse("service-accounts", args=[project.slug]))
+    return _dialog(request, "mado/partials/_token_form.html", context, back=reverse("service-accounts", args=[project.slug]))
 
 
 @login_required
@@ -97,7 +107,8 @@ def service_account_disable(request, project, account_id):
     if request.method == "POST":
         services.disable_service_account(services.Actor.from_request(request), account)
         return _dialog_done(request, "serviceAccountsChanged", reverse("service-accounts", args=[project.slug]))
-    return _dialog(request, "mado/partials/_service_account_disable.html", {"project": project, "account": account})
+    return _dialog(request, "mado/partials/_service_account_disable.html", {"project": project, "account": account},
+                   back=reverse("service-accounts", args=[project.slug]))
 
 
 # Tokens -----------------------------------------------------------------------------------------
@@ -130,8 +141,9 @@ def personal_token_create(request, project):
         except ServiceError as error:
             _add_service_error(form, error)
         else:
-            return _token_shown_once(request, project, token, plaintext, holder=request.user.username)
-    return _dialog(request, "mado/partials/_token_form.html", context)
+            return _token_shown_once(request, project, token, plaintext, holder=request.user.username,
+                                     back=reverse("project-tokens", args=[project.slug]))
+    return _dialog(request, "mado/partials/_token_form.html", context, back=reverse("project-tokens", args=[project.slug]))
 
 
 @login_required
@@ -163,8 +175,10 @@ def server_error(request):
 
 # helpers ----------------------------------------------------------------------------------------
 
-def _dialog(request, fragment: str, context: dict):
-    """A dialog's content for HTMX, or the same form as a whole page without it."""
+def _dialog(request, fragment: str, context: dict, *, back: str):
+    """A dialog's content for HTMX, or the same form as a whole page without it; `back` is where the
+    whole page's Cancel/Done lead (in the dialog they just close it)."""
+    context = {**context, "back_url": back}
     if request.htmx:
         return render(request, fragment, context)
     return render(request, "mado/dialog_page.html", {**context, "fragment": fragment})
@@ -178,9 +192,9 @@ def _dialog_done(request, event: str, fallback_url: str):
     return redirect(fallback_url)
 
 
-def _token_shown_once(request, project, token, plaintext, *, holder: str):
+def _token_shown_once(request, project, token, plaintext, *, holder: str, back: str):
     context = {"project": project, "token": token, "plaintext": plaintext, "holder": holder}
-    response = _dialog(request, "mado/partials/_token_issued.html", context)
+    response = _dialog(request, "mado/partials/_token_issued.html", context, back=back)
     response["Cache-Control"] = "no-store"
     if request.htmx:
         response["HX-Trigger"] = json.dumps({"tokensChanged": True})
