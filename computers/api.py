@@ -40,7 +40,7 @@ def online_worker(worker_id: str | None) -> Worker | None:
 class ComputerListView(APIView):
     required_scopes = {"GET": Scope.READ, "POST": Scope.ADMIN}
 
-    @extend_schema(responses=OpenApiTypes.OBJECT)
+    @extend_schema(operation_id="computers_list", responses=OpenApiTypes.OBJECT)
     def get(self, request):
         targets = list(access.listed_to(request.user).select_related("last_check_worker"))
         usable_ids = set(access.usable_by(request.user).values_list("pk", flat=True))
