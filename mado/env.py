@@ -39,8 +39,10 @@ def env_int(name: str, default: int, *, minimum: int | None = None, maximum: int
         value = int(raw)
     except ValueError:
         raise ImproperlyConfigured(f"{name} must be a whole number (got {raw!r}).") from None
-    if (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
-        raise ImproperlyConfigured(f"{name} must be between {minimum} and {maximum} (got {value}).")
+    if minimum is not None and value < minimum:
+        raise ImproperlyConfigured(f"{name} must be at least {minimum} (got {value}).")
+    if maximum is not None and value > maximum:
+        raise ImproperlyConfigured(f"{name} must be at most {maximum} (got {value}).")
     return value
 
 
@@ -48,11 +50,14 @@ def env_list(name: str, default: list[str]) -> list[str]:
     raw = os.environ.get(name)
     if raw is None:
         return list(default)
-    return [item.strip() for item in raw.split(",") if item.strip()]
+    values = [item.strip() for item in raw.split(",") if item.strip()]
+    if not values:
+        raise ImproperlyConfigured(f"{name} is set but empty; give at least one value, or unset it for the default.")
+    return values
 
 
 def env_url(name: str, default: str = "") -> str:
-    raw = os.environ.get(name, default).strip()
+    raw = os.environ.get(name, "").strip() or default
     if raw and not (raw.startswith("http://") or raw.startswith("https://")):
         raise ImproperlyConfigured(f"{name} must start with http:// or https:// (got {raw!r}).")
     return raw.rstrip("/")
@@ -91,3 +96,34 @@ def database(name: str, default_sqlite: Path) -> dict:
     if config["ENGINE"].endswith("sqlite3"):
         config["OPTIONS"] = {"transaction_mode": "IMMEDIATE", "timeout": 20}
     return config
+
+
+def env_choice(name: str, default: str, choices: list[str]) -> str:
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    for choice in choices:
+        if raw.lower() == choice.lower():
+            return choice
+    raise ImproperlyConfigured(f"{name} must be one of {', '.join(choices)} (got {raw!r}).")
+
+
+def env_rate(name: str, default: str) -> str:
+    """A DRF throttle rate such as 30/min."""
+    raw = os.environ.get(name, "").strip() or default
+    count, _, period = raw.partition("/")
+    if not count.isdigit() or int(count) < 1 or period not in {"s", "sec", "second", "m", "min", "minute", "h",
+                                                             "hour", "d", "day"}:
+        raise ImproperlyConfigured(f"{name} must look like 30/min (a count, '/', and s, min, hour or day; got {raw!r}).")
+    return raw
+
+
+def env_time_zone(name: str, default: str) -> str:
+    import zoneinfo
+
+    raw = os.environ.get(name, "").strip() or default
+    try:
+        zoneinfo.ZoneInfo(raw)
+    except (zoneinfo.ZoneInfoNotFoundError, ValueError):
+        raise ImproperlyConfigured(f"{name} must be an IANA time zone such as UTC or Asia/Tokyo (got {raw!r}).") from None
+    return raw

@@ -270,6 +270,11 @@ def revoke_job_tokens(job_id: int) -> int:
 def _require_role(actor: Actor, project: Project, minimum: str, message: str) -> None:
     if actor.user is None:  # operator commands act as the system
         return
+    if minimum == Role.ADMIN and access.is_service_user(actor.user):
+        # An admin-role service account runs workers; it never manages people, accounts or tokens,
+        # so a leaked worker token cannot mint more tokens.
+        raise Forbidden("Service accounts cannot manage members, service accounts or their tokens; "
+                        "a project admin does this.", "service_account_cannot_manage")
     if not access.has_role(actor.user, project, minimum):
         raise Forbidden(message, "role_required")
 

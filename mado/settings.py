@@ -9,7 +9,7 @@ from django.utils.translation import gettext_lazy as _
 from mado import env
 
 BASE_DIR = Path(__file__).resolve().parent.parent
-VAR_DIR = Path(env.env_str("MADO_VAR_DIR", str(BASE_DIR / "var")))
+VAR_DIR = Path(env.env_str("MADO_VAR_DIR", "").strip() or str(BASE_DIR / "var"))
 
 VERSION = "0.1.0"
 
@@ -90,7 +90,7 @@ LOGOUT_REDIRECT_URL = "login"
 LANGUAGE_CODE = "en"
 LANGUAGES = [("en", _("English")), ("ja", _("Japanese"))]
 LOCALE_PATHS = [BASE_DIR / "locale"]
-TIME_ZONE = env.env_str("MADO_TIME_ZONE", "UTC")
+TIME_ZONE = env.env_time_zone("MADO_TIME_ZONE", "UTC")
 USE_I18N = True
 USE_TZ = True
 
@@ -121,7 +121,7 @@ REST_FRAMEWORK = {
     "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
     "EXCEPTION_HANDLER": "mado.exceptions.api_exception_handler",
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
-    "DEFAULT_THROTTLE_RATES": {"token_issue": env.env_str("MADO_TOKEN_ISSUE_RATE", "30/min")},
+    "DEFAULT_THROTTLE_RATES": {"token_issue": env.env_rate("MADO_TOKEN_ISSUE_RATE", "30/min")},
     "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
 }
 
@@ -142,7 +142,7 @@ LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "handlers": {"console": {"class": "logging.StreamHandler"}},
-    "root": {"handlers": ["console"], "level": env.env_str("MADO_LOG_LEVEL", "INFO")},
+    "root": {"handlers": ["console"], "level": env.env_choice("MADO_LOG_LEVEL", "INFO", ["DEBUG", "INFO", "WARNING", "ERROR"])},
 }
 
 # How often a token's last_used_at is written: every request would turn reads into writes.

@@ -67,3 +67,18 @@ def test_demo_creates_admin_project_and_a_private_worker_token_once(db, settings
     from django.contrib.auth import authenticate
 
     assert authenticate(username="admin", password=password).is_superuser
+
+
+def test_create_project_makes_an_audited_project_with_its_first_admin(world):
+    from mado.models import AuditEvent, Membership
+
+    out = StringIO()
+    call_command("create_project", "vision-lab", "--name", "Vision", "--admin", "bob", stdout=out)
+    project = Project.objects.get(slug="vision-lab")
+    assert project.name == "Vision"
+    assert Membership.objects.get(project=project, user=world.member).role == "admin"
+    assert AuditEvent.objects.filter(action="project.create", project=project, actor_label="system").exists()
+    with pytest.raises(CommandError, match="already exists"):
+        call_command("create_project", "vision-lab")
+    with pytest.raises(CommandError, match="No user named ghost"):
+        call_command("create_project", "other-lab", "--admin", "ghost")

@@ -25,6 +25,10 @@ def run_manage(args: list[str], env: dict[str, str], tmp_path) -> subprocess.Com
     ("MADO_PUBLIC_URL", "ftp://example.org"),
     ("MADO_SECRET_KEY", "short"),
     ("MADO_HSTS_SECONDS", "a year"),
+    ("MADO_TOKEN_ISSUE_RATE", "lots"),
+    ("MADO_TIME_ZONE", "Mars/Olympus"),
+    ("MADO_LOG_LEVEL", "chatty"),
+    ("MADO_ALLOWED_HOSTS", " , "),
 ])
 def test_a_bad_value_stops_start_up_naming_the_variable(name, value, tmp_path):
     result = run_manage(["check"], {name: value}, tmp_path)

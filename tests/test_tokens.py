@@ -181,3 +181,16 @@ class TestJobTokens:
         Membership.objects.filter(user=world.member, project=world.project).delete()
         assert "no longer a member" in assert_error(bearer(plaintext).get("/api/auth/token"), 401)["error"]
         assert JobToken.objects.filter(job_id=14).exists()
+
+
+def test_an_admin_service_account_cannot_manage_identity_even_with_the_admin_scope(world):
+    token = world.token(world.service_account.user, ["read", "admin", "worker:execute"], kind=TokenKind.SERVICE)
+    client = bearer(token)
+    assert_error(client.post("/api/projects/lab/service-accounts", {"name": "sneaky", "role": "admin"}, format="json"),
+                 403, "service_account_cannot_manage")
+    assert_error(client.post(f"/api/projects/lab/service-accounts/{world.service_account.pk}/tokens",
+                             {"scopes": ["worker:execute"]}, format="json"), 403, "service_account_cannot_manage")
+    assert_error(client.post("/api/projects/lab/members", {"username": "mallory", "role": "admin"}, format="json"),
+                 403, "service_account_cannot_manage")
+    assert_error(client.post("/api/projects/lab/tokens", {"scopes": ["read"]}, format="json"), 403,
+                 "service_account_self_issue")

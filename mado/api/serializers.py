@@ -84,3 +84,13 @@ class TokenInfoSerializer(serializers.Serializer):
 def issued_token_body(token: ApiToken, plaintext: str) -> dict:
     return {"id": token.pk, "token": plaintext, "prefix": token.prefix, "scopes": token.scopes,
             "expires_at": token.expires_at}
+
+
+def envelope(serializer_class, name: str):
+    """The OpenAPI shape of a list answer: {"items": [...], "next": cursor-or-null}."""
+    from drf_spectacular.utils import inline_serializer
+
+    return inline_serializer(name=name, fields={
+        "items": serializer_class(many=True),
+        "next": serializers.CharField(allow_null=True),
+    })

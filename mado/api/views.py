@@ -71,7 +71,7 @@ class AuthTokenView(APIView):
 class ProjectListView(APIView):
     required_scopes = {"GET": Scope.READ, "POST": Scope.ADMIN}
 
-    @extend_schema(responses=s.ProjectSerializer(many=True))
+    @extend_schema(responses=s.envelope(s.ProjectSerializer, "ProjectList"))
     def get(self, request):
         projects = access.projects_visible_to(request.user)
         if request.auth is not None:
@@ -99,7 +99,7 @@ class MemberView(APIView):
 class ServiceAccountListView(APIView):
     required_scopes = {"GET": Scope.READ, "POST": Scope.ADMIN}
 
-    @extend_schema(responses=s.ServiceAccountSerializer(many=True))
+    @extend_schema(responses=s.envelope(s.ServiceAccountSerializer, "ServiceAccountList"))
     def get(self, request, project):
         project = project_for(request, project, Role.ADMIN)
         accounts = project.service_accounts.select_related("created_by")
@@ -151,7 +151,7 @@ class ProjectTokenView(APIView):
     def get_throttles(self):
         return super().get_throttles() if self.request.method == "POST" else []
 
-    @extend_schema(responses=s.TokenSerializer(many=True))
+    @extend_schema(responses=s.envelope(s.TokenSerializer, "TokenList"))
     def get(self, request, project):
         project = project_for(request, project)
         return Response(items(s.TokenSerializer(access.tokens_visible_to(request.user, project), many=True).data))
