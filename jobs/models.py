@@ -1,1 +1,144 @@
-"""Models of the jobs app arrive with its issue; the app is wired so URLs, templates and migrations have a home."""
+"""Jobs, their GPU reservations, logs, metrics, artifacts and timeline."""
+from __future__ import annotations
+
+from datetime import timedelta
+
+from django.conf import settings
+from django.db import models
+from django.utils import timezone
+from django.utils.translation import gettext_lazy as _
+
+from computers.choices import Runtime
+from jobs.choices import ClusterMode, EndReason, JobStatus, Stream
+
+UNRESPONSIVE_AFTER = timedelta(seconds=60)
+
+
+class Job(models.Model):
+    project = models.ForeignKey("mado.Project", on_delete=models.CASCADE, related_name="jobs")
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="jobs")
+    name = models.CharField(_("Run name"), max_length=200, blank=True)
+    target = models.ForeignKey("computers.ComputeTarget", on_delete=models.PROTECT, related_name="jobs")
+    runtime = models.CharField(_("Runtime"), max_length=16, choices=Runtime.choices, default=Runtime.PYTHON)
+    image = models.CharField(_("Image"), max_length=1024, blank=True)
+    command = models.JSONField(_("Command"), default=list)
+    source = models.JSONField(null=True, blank=True)
+    requirements = models.TextField(_("Requirements"), blank=True)
+    parameters = models.JSONField(_("Parameters"), default=dict, blank=True)
+    env = models.JSONField(default=dict, blank=True)
+    gpu_ids = models.JSONField(_("GPU IDs"), default=list, blank=True)
+    gpu_count = models.PositiveIntegerField(null=True, blank=True)
+    walltime_seconds = models.PositiveIntegerField(null=True, blank=True)
+    cluster_size = models.PositiveIntegerField(default=1)
+    cluster_mode = models.CharField(max_length=16, choices=ClusterMode.choices, default=ClusterMode.SINGLE_NODE)
+
+    status = models.CharField(max_length=16, choices=JobStatus.choices, default=JobStatus.QUEUED, db_index=True)
+    end_reason = models.CharField(max_length=16, choices=EndReason.choices, blank=True)
+    exit_code = models.IntegerField(null=True, blank=True)
+    error = models.CharField(max_length=1000, blank=True)
+    worker = models.ForeignKey("workers.Worker", on_delete=models.SET_NULL, null=True, blank=True, related_name="jobs")
+    lease_id = models.UUIDField(null=True, blank=True)
+    heartbeat_at = models.DateTimeField(null=True, blank=True)
+    stop_requested_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True,
+                                          related_name="+")
+    stop_requested_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(default=timezone.now, db_index=True)
+    claimed_at = models.DateTimeField(null=True, blank=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        indexes = [models.Index(fields=["status", "created_at", "id"], name="job_queue_order")]
+
+    def __str__(self) -> str:
+        return self.name or f"job {self.pk}"
+
+    @property
+    def display_name(self) -> str:
+        return self.name or f"job-{self.pk}"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.status in (JobStatus.FINISHED, JobStatus.FAILED, JobStatus.CANCELED)
+
+    @property
+    def is_unresponsive(self) -> bool:
+        """Shown as Not responding; never acted on automatically (GPUs stay reserved)."""
+        return (self.status in (JobStatus.CLAIMED, JobStatus.RUNNING) and self.heartbeat_at is not None
+                and self.heartbeat_at < timezone.now() - UNRESPONSIVE_AFTER)
+
+
+class GpuReservation(models.Model):
+    """A GPU held by a job. The unique constraint is the last word: even a claim that bypassed the
+    claim query could not put two jobs on one GPU."""
+
+    target = models.ForeignKey("computers.ComputeTarget", on_delete=models.CASCADE, related_name="gpu_reservations")
+    gpu_id = models.CharField(max_length=64)
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="gpu_reservations")
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["target", "gpu_id"], name="one_job_per_gpu")]
+
+    def __str__(self) -> str:
+        return f"GPU {self.gpu_id} of {self.target_id} for job {self.job_id}"
+
+
+class LogChunk(models.Model):
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="log_chunks")
+    stream = models.CharField(max_length=8, choices=Stream.choices)
+    offset = models.BigIntegerField(help_text=_("Byte offset of the chunk in its stream."))
+    data = models.TextField()
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["id"]
+        constraints = [
+            # At-least-once delivery: a resent chunk has the same offset and is ignored.
+            models.UniqueConstraint(fields=["job", "stream", "offset"], name="log_chunk_once"),
+        ]
+
+
+class Metric(models.Model):
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="metrics")
+    name = models.CharField(max_length=200)
+    value = models.FloatField()
+    step = models.BigIntegerField(default=0)
+    timestamp = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["name", "step", "id"]
+        indexes = [models.Index(fields=["job", "name", "step"], name="metric_series")]
+
+
+def artifact_path(instance, filename):
+    return f"artifacts/{instance.job.project_id}/{instance.job_id}/{instance.path}"
+
+
+class Artifact(models.Model):
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="artifacts")
+    path = models.CharField(max_length=1024)
+    size = models.BigIntegerField()
+    sha256 = models.CharField(max_length=64)
+    mime_type = models.CharField(max_length=200, blank=True)
+    file = models.FileField(upload_to=artifact_path, max_length=1200, blank=True)
+    received_bytes = models.BigIntegerField(default=0)
+    complete = models.BooleanField(default=False)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["path"]
+        constraints = [models.UniqueConstraint(fields=["job", "path"], name="artifact_unique_path")]
+
+
+class JobEvent(models.Model):
+    """The job's timeline on its page: created, claimed, started, stop requested, ended."""
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="events")
+    at = models.DateTimeField(default=timezone.now)
+    kind = models.CharField(max_length=32)
+    message = models.CharField(max_length=500)
+
+    class Meta:
+        ordering = ["at", "id"]

@@ -138,7 +138,7 @@ class JobToken(models.Model):
     revoked_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
-        constraints = [models.UniqueConstraint(fields=["job_id", "lease_id"], name="job_token_one_per_lease")]
+        indexes = [models.Index(fields=["job_id", "lease_id"], name="job_token_job_lease")]
 
     def __str__(self) -> str:
         return f"{self.prefix}… (job {self.job_id})"

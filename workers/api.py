@@ -2,12 +2,15 @@
 from __future__ import annotations
 
 from django.conf import settings
+from django.db import transaction
 from drf_spectacular.utils import OpenApiTypes, extend_schema
 from rest_framework import exceptions
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from computers import services as computer_services
+from jobs import services as job_services
+from jobs.serializers import worker_job_payload
 from mado.api.views import items, project_for
 from mado.choices import Scope
 from workers import services
@@ -135,3 +138,81 @@ class AllWorkersView(APIView):
                                               "use /api/projects/{project}/workers.")
         workers = Worker.objects.select_related("project")
         return Response(items([worker_body(w, with_candidates=True) for w in workers]))
+
+
+# Jobs ---------------------------------------------------------------------------------------------
+
+def _active_ids(body: dict) -> list[int]:
+    ids = body.get("active_job_ids", [])
+    if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+        raise exceptions.ValidationError({"active_job_ids": ["A list of the job ids this worker runs now."]})
+    return ids
+
+
+class JobClaimView(WorkerView):
+    """Never retried by the worker after a network error: it calls resume instead."""
+
+    @extend_schema(request=OpenApiTypes.OBJECT, responses=OpenApiTypes.OBJECT)
+    def post(self, request):
+        worker = self.worker()
+        active = _active_ids(self.body())
+        claimed = wait_for(lambda: job_services.claim_job(worker, active), self.wait_seconds(),
+                           job_services.JOBS_CHANNEL)
+        if claimed is None:
+            return Response({"item": None})
+        job, token = claimed
+        return Response({"item": worker_job_payload(job, token)})
+
+
+class JobResumeView(WorkerView):
+    @extend_schema(request=OpenApiTypes.OBJECT, responses=OpenApiTypes.OBJECT)
+    def post(self, request):
+        worker = self.worker()
+        held = job_services.resume(worker, _active_ids(self.body()))
+        return Response({"items": [worker_job_payload(job, token) for job, token in held]})
+
+
+class LeasedJobView(WorkerView):
+    def leased_body(self) -> dict:
+        body = self.body()
+        if not body.get("lease_id"):
+            raise exceptions.ValidationError({"lease_id": ["The lease id from the claim is required."]})
+        return body
+
+
+class JobHeartbeatView(LeasedJobView):
+    @extend_schema(request=OpenApiTypes.OBJECT, responses=OpenApiTypes.OBJECT)
+    def post(self, request, job_id):
+        body = self.leased_body()
+        job = job_services.heartbeat(self.worker(), job_id, lease_id=body["lease_id"], status=body.get("status"))
+        return Response({"cancel_requested": job.stop_requested_at is not None, "status": job.status})
+
+
+class JobLogsView(LeasedJobView):
+    @extend_schema(request=OpenApiTypes.OBJECT, responses=OpenApiTypes.OBJECT)
+    def post(self, request, job_id):
+        body = self.leased_body()
+        with transaction.atomic():
+            job = job_services.leased(self.worker(), job_id, body["lease_id"])
+            stored = job_services.append_logs(job, body.get("chunks"))
+        return Response({"stored": stored})
+
+
+class JobMetricsView(LeasedJobView):
+    @extend_schema(request=OpenApiTypes.OBJECT, responses=OpenApiTypes.OBJECT)
+    def post(self, request, job_id):
+        body = self.leased_body()
+        with transaction.atomic():
+            job = job_services.leased(self.worker(), job_id, body["lease_id"])
+            stored = job_services.add_metrics(job, body.get("metrics"))
+        return Response({"stored": stored})
+
+
+class JobCompleteView(LeasedJobView):
+    @extend_schema(request=OpenApiTypes.OBJECT, responses=OpenApiTypes.OBJECT)
+    def post(self, request, job_id):
+        body = self.leased_body()
+        job = job_services.complete(self.worker(), job_id, lease_id=body["lease_id"], status=body.get("status"),
+                                    exit_code=body.get("exit_code"), error=body.get("error") or "",
+                                    end_reason=body.get("end_reason"))
+        return Response({"id": job.pk, "status": job.status, "end_reason": job.end_reason})

@@ -18,6 +18,7 @@ urlpatterns = [
     path("tokens/<int:token_id>/revoke", views.TokenRevokeView.as_view(), name="api-token-revoke"),
     path("", include("computers.api_urls")),
     path("", include("workers.api_urls")),
+    path("", include("jobs.api_urls")),
     path("schema/", SpectacularAPIView.as_view(permission_classes=[], authentication_classes=[]), name="api-schema"),
     path("docs/", SpectacularSwaggerView.as_view(url_name="api-schema", permission_classes=[], authentication_classes=[]),
          name="api-docs"),

@@ -1,0 +1,39 @@
+"""Who sees and stops which jobs."""
+from __future__ import annotations
+
+from django.http import Http404
+from django.utils.translation import gettext as _
+
+from jobs.models import Job
+from mado import access as identity
+from mado.choices import Role
+
+
+def visible_in(user, project):
+    """Every job of a project the user may view."""
+    if not identity.has_role(user, project, Role.VIEWER):
+        return Job.objects.none()
+    return Job.objects.filter(project=project)
+
+
+def job_for(user, pk: int) -> Job:
+    """A job of a project the user may view; otherwise 404."""
+    job = Job.objects.select_related("project", "target", "created_by", "worker").filter(pk=pk).first()
+    if job is None or not identity.has_role(user, job.project, Role.VIEWER):
+        raise Http404("No job with this id that you can see.")
+    return job
+
+
+def can_stop(user, job: Job) -> bool:
+    return job.created_by_id == user.pk or identity.has_role(user, job.project, Role.ADMIN)
+
+
+def stop_refusal(user, job: Job) -> str | None:
+    """Why the Actions column shows no Request stop button, or None when it does."""
+    if job.is_terminal:
+        return _("Already ended")
+    if not can_stop(user, job):
+        return _("Only the creator and Project admins can stop this Job")
+    if job.stop_requested_at:
+        return _("Stop requested")
+    return None

@@ -1,0 +1,122 @@
+"""The jobs API for people and for job tokens."""
+from __future__ import annotations
+
+from drf_spectacular.utils import OpenApiParameter, OpenApiTypes, extend_schema
+from rest_framework import exceptions
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from jobs import access, services
+from jobs.serializers import job_body, log_body, metric_body
+from mado.api.views import project_for
+from mado.choices import Role, Scope
+from mado.services import Actor
+
+LOG_PAGE = 500
+
+
+def _object(request) -> dict:
+    if not isinstance(request.data, dict):
+        raise exceptions.ValidationError("Send a JSON object.")
+    return request.data
+
+
+def _job(request, pk: int):
+    job = access.job_for(request.user, pk)
+    principal = request.auth
+    if principal is not None and principal.project.pk != job.project_id:
+        raise exceptions.NotFound("No job with this id in your token's project.")
+    return job
+
+
+def _own_job_token(request, job) -> None:
+    """Job tokens write only to their own job."""
+    principal = request.auth
+    if principal is None or not principal.is_job:
+        raise exceptions.PermissionDenied("Only the job's own job token records into a running job.",
+                                          code="job_token_required")
+    if principal.token.job_id != job.pk:
+        raise exceptions.PermissionDenied("A job token may only write to its own job.", code="job_token_forbidden")
+    if job.is_terminal:
+        raise exceptions.AuthenticationFailed("This job token no longer works: its job has ended.")
+
+
+class ProjectJobsView(APIView):
+    required_scopes = {"GET": Scope.READ, "POST": Scope.JOBS_WRITE}
+
+    @extend_schema(operation_id="project_jobs_list", responses=OpenApiTypes.OBJECT)
+    def get(self, request, project):
+        project = project_for(request, project)
+        jobs = access.visible_in(request.user, project).select_related("project", "target", "created_by", "worker")
+        status = request.query_params.get("status")
+        if status:
+            jobs = jobs.filter(status=status)
+        return Response({"items": [job_body(request.user, job) for job in jobs[:500]], "next": None})
+
+    @extend_schema(request=OpenApiTypes.OBJECT, responses={201: OpenApiTypes.OBJECT})
+    def post(self, request, project):
+        project = project_for(request, project, Role.MEMBER)
+        job = services.create_job(Actor.from_request(request), project, _object(request))
+        return Response(job_body(request.user, job), status=201)
+
+
+class JobView(APIView):
+    @extend_schema(responses=OpenApiTypes.OBJECT)
+    def get(self, request, pk):
+        return Response(job_body(request.user, _job(request, pk)))
+
+
+class JobStopView(APIView):
+    required_scopes = {"POST": Scope.JOBS_WRITE}
+
+    @extend_schema(request=None, responses=OpenApiTypes.OBJECT)
+    def post(self, request, pk):
+        job = services.request_stop(Actor.from_request(request), _job(request, pk))
+        return Response(job_body(request.user, job))
+
+
+class JobLogsView(APIView):
+    required_scopes = {"GET": Scope.READ, "POST": Scope.READ}
+    allow_job_token = True
+
+    @extend_schema(parameters=[OpenApiParameter("after", int, description="The last chunk id you have.")],
+                   responses=OpenApiTypes.OBJECT)
+    def get(self, request, pk):
+        job = _job(request, pk)
+        after = request.query_params.get("after", "0")
+        if not after.isdigit():
+            raise exceptions.ValidationError({"after": ["after is the id of the last chunk you have."]})
+        chunks = list(job.log_chunks.filter(id__gt=int(after)).order_by("id")[:LOG_PAGE])
+        return Response({"items": [log_body(c) for c in chunks], "next": chunks[-1].pk if chunks else int(after),
+                         "status": job.status})
+
+    @extend_schema(request=OpenApiTypes.OBJECT, responses=OpenApiTypes.OBJECT)
+    def post(self, request, pk):
+        job = _job(request, pk)
+        _own_job_token(request, job)
+        stored = services.append_logs(job, _object(request).get("chunks"))
+        return Response({"stored": stored})
+
+
+class JobMetricsView(APIView):
+    required_scopes = {"GET": Scope.READ, "POST": Scope.READ}
+    allow_job_token = True
+
+    @extend_schema(responses=OpenApiTypes.OBJECT)
+    def get(self, request, pk):
+        job = _job(request, pk)
+        return Response({"items": [metric_body(m) for m in job.metrics.all()[:10000]], "next": None})
+
+    @extend_schema(request=OpenApiTypes.OBJECT, responses=OpenApiTypes.OBJECT)
+    def post(self, request, pk):
+        job = _job(request, pk)
+        _own_job_token(request, job)
+        return Response({"stored": services.add_metrics(job, _object(request).get("metrics"))})
+
+
+class JobArtifactsView(APIView):
+    @extend_schema(responses=OpenApiTypes.OBJECT)
+    def get(self, request, pk):
+        job = _job(request, pk)
+        return Response({"items": [{"path": a.path, "size": a.size, "sha256": a.sha256, "mime_type": a.mime_type,
+                                    "complete": a.complete} for a in job.artifacts.all()], "next": None})

@@ -1,0 +1,79 @@
+"""JSON shapes of jobs for people, for workers, and of their logs and metrics."""
+from __future__ import annotations
+
+from django.conf import settings
+
+from jobs import access
+from jobs.models import Job
+
+
+def job_body(user, job: Job) -> dict:
+    return {
+        "id": job.pk,
+        "project": job.project.slug,
+        "name": job.display_name,
+        "created_by": job.created_by.username,
+        "computer": {"id": job.target_id, "name": job.target.name},
+        "runtime": job.runtime,
+        "image": job.image,
+        "command": job.command,
+        "source": job.source,
+        "requirements": job.requirements,
+        "parameters": job.parameters,
+        "env": job.env,
+        "gpu_ids": job.gpu_ids,
+        "walltime_seconds": job.walltime_seconds,
+        "cluster_size": job.cluster_size,
+        "cluster_mode": job.cluster_mode,
+        "status": job.status,
+        "end_reason": job.end_reason or None,
+        "exit_code": job.exit_code,
+        "error": job.error or None,
+        "worker": job.worker.worker_id if job.worker else None,
+        "unresponsive": job.is_unresponsive,
+        "stop_requested_at": job.stop_requested_at,
+        "can_stop": access.stop_refusal(user, job) is None,
+        "created_at": job.created_at,
+        "claimed_at": job.claimed_at,
+        "started_at": job.started_at,
+        "finished_at": job.finished_at,
+        "heartbeat_at": job.heartbeat_at,
+    }
+
+
+def worker_job_payload(job: Job, token: str | None) -> dict:
+    """What a worker needs to run the job. The token appears only in claim/resume answers."""
+    target = job.target
+    return {
+        "id": job.pk,
+        "lease_id": str(job.lease_id),
+        "job_token": token,
+        "status": job.status,
+        "project": job.project.slug,
+        "project_id": job.project_id,
+        "run_name": job.display_name,
+        "runtime": job.runtime,
+        "image": job.image,
+        "command": job.command,
+        "source": job.source,
+        "requirements": job.requirements,
+        "parameters": job.parameters,
+        "env": job.env,
+        "gpu_ids": job.gpu_ids,
+        "walltime_seconds": job.walltime_seconds,
+        "cancel_requested": job.stop_requested_at is not None,
+        "api_url": settings.PUBLIC_URL,
+        "computer": {"id": target.pk, "name": target.name, **target.connection(), "working_dir": target.working_dir,
+                     "python_path": target.python_path, "runtimes": target.runtimes,
+                     "dataset_transfer": target.dataset_transfer,
+                     "dataset_cache_limit_gib": target.dataset_cache_limit_gib},
+    }
+
+
+def log_body(chunk) -> dict:
+    return {"id": chunk.pk, "stream": chunk.stream, "offset": chunk.offset, "data": chunk.data,
+            "created_at": chunk.created_at}
+
+
+def metric_body(metric) -> dict:
+    return {"name": metric.name, "value": metric.value, "step": metric.step, "timestamp": metric.timestamp}

@@ -1,0 +1,408 @@
+"""State transitions of jobs: creation, claim, heartbeats, logs, metrics, outputs, completion, stop.
+
+Races are settled in the database: the claim takes queued jobs with FOR UPDATE SKIP LOCKED, locks the
+computers involved in id order (so two claims never deadlock), and the unique constraint on
+(computer, GPU) is the last word on GPU exclusivity."""
+from __future__ import annotations
+
+import math
+import re
+import shlex
+import uuid
+
+
+
+from django.db import IntegrityError, transaction
+from django.db.models import Count, F, Q
+from django.utils import timezone
+from django.utils.dateparse import parse_datetime
+
+from computers import access as computer_access
+from computers.choices import Runtime
+from computers.models import ComputeTarget
+from jobs import access
+from jobs.choices import HELD_STATUSES, EndReason, JobStatus, Stream
+from jobs.models import GpuReservation, Job, JobEvent, LogChunk, Metric
+from mado import access as identity
+from mado import services as identity_services
+from mado.choices import Role
+from mado.errors import Conflict, Forbidden, ServiceError
+from mado.models import JobToken
+from mado.services import Actor, audit
+from workers.longpoll import notify
+from workers.models import Worker
+
+JOBS_CHANNEL = "mado_jobs"
+CLAIM_BATCH = 32
+CONTAINER_RUNTIMES = (Runtime.DOCKER, Runtime.APPTAINER, Runtime.SINGULARITY)
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+RESERVED_ENV_PREFIXES = ("MMT_", "MLFLOW_", "CUDA_", "NVIDIA_")
+MAX_WALLTIME = 30 * 24 * 3600
+MAX_LOG_CHUNK = 1024 * 1024
+MAX_METRICS_PER_CALL = 1000
+
+
+# Creation ---------------------------------------------------------------------------------------
+
+def create_job(actor: Actor, project, data: dict) -> Job:
+    user = actor.user
+    if not identity.has_role(user, project, Role.MEMBER):
+        raise Forbidden("Creating Jobs needs the member role in this project.", "role_required")
+    values, errors = _clean_job(user, data)
+    if errors:
+        raise _invalid(errors)
+    with transaction.atomic():
+        job = Job.objects.create(project=project, created_by=user, **values)
+        _event(job, "created", f"Created by {user.username}")
+        audit(actor, "job.create", job, project=project,
+              after={"computer": job.target.name, "runtime": job.runtime, "gpu_ids": job.gpu_ids})
+    notify(JOBS_CHANNEL)
+    return job
+
+
+def _clean_job(user, data: dict) -> tuple[dict, dict]:
+    errors: dict[str, list[str]] = {}
+    values: dict = {}
+    target = ComputeTarget.objects.filter(pk=data.get("computer")).first() if _is_int(data.get("computer")) else None
+    if target is None or not computer_access.can_use(user, target):
+        # Same answer for "missing" and "not yours": private computers' names stay private.
+        raise ServiceError("This computer is not available to you: choose a Public computer, or one you own.",
+                           "target_not_available", fields={"computer": ["Not available."]})
+    if not target.enabled:
+        raise ServiceError(f"The computer {target.name} is disabled; choose another or ask its owner to enable it.",
+                           "computer_disabled", fields={"computer": ["Disabled."]})
+    values["target"] = target
+    runtime = data.get("runtime") or Runtime.PYTHON
+    if runtime not in target.runtimes:
+        errors["runtime"] = [f"{target.name} supports {', '.join(target.runtimes) or 'no runtime yet'}; "
+                             f"choose one of those."]
+    values["runtime"] = runtime
+    image = str(data.get("image") or "").strip()
+    if runtime in CONTAINER_RUNTIMES and not image:
+        errors["image"] = [f"A {runtime} Job needs an image."]
+    values["image"] = image
+    command = data.get("command")
+    if isinstance(command, str):
+        try:
+            command = shlex.split(command)
+        except ValueError:
+            command = None
+    if not isinstance(command, list) or not command or not all(isinstance(a, str) and "\0" not in a for a in command):
+        errors["command"] = ["Give the command as a list of arguments, such as [\"python\", \"train.py\"]."]
+    values["command"] = command or []
+    gpu_ids = data.get("gpu_ids") or []
+    if not isinstance(gpu_ids, list) or not all(isinstance(g, (str, int)) for g in gpu_ids):
+        errors["gpu_ids"] = ["GPU IDs are a list such as [\"0\", \"1\"]."]
+        gpu_ids = []
+    gpu_ids = [str(g) for g in gpu_ids]
+    unknown = [g for g in gpu_ids if g not in target.gpu_ids]
+    if unknown:
+        errors["gpu_ids"] = [f"{target.name} has no GPU {', '.join(unknown)}; it has "
+                             f"{', '.join(target.gpu_ids) or 'no GPUs'}."]
+    if len(set(gpu_ids)) != len(gpu_ids):
+        errors["gpu_ids"] = ["Each GPU ID once."]
+    values["gpu_ids"] = gpu_ids
+    parameters = data.get("parameters") or {}
+    if not isinstance(parameters, dict):
+        errors["parameters"] = ["Parameters are a JSON object."]
+    values["parameters"] = parameters if isinstance(parameters, dict) else {}
+    env = data.get("env") or {}
+    if not isinstance(env, dict) or not all(isinstance(k, str) and ENV_NAME.match(k) and isinstance(v, str)
+                                            for k, v in env.items()):
+        errors["env"] = ["env maps variable names (letters, digits, _) to strings."]
+        env = {}
+    reserved = [k for k in env if k.startswith(RESERVED_ENV_PREFIXES)]
+    if reserved:
+        errors["env"] = [f"{', '.join(sorted(reserved))} are set by Mado; choose other names."]
+    values["env"] = env
+    walltime = data.get("walltime_seconds")
+    if walltime not in (None, "") and (not _is_int(walltime) or not 1 <= int(walltime) <= MAX_WALLTIME):
+        errors["walltime_seconds"] = ["The walltime is between 1 second and 30 days."]
+    values["walltime_seconds"] = int(walltime) if _is_int(walltime) else None
+    requirements = str(data.get("requirements") or "")
+    if len(requirements) > 64 * 1024:
+        errors["requirements"] = ["Keep requirements under 64 KiB."]
+    bad_lines = [line for line in requirements.splitlines() if line.strip().startswith("-")]
+    if bad_lines:
+        errors["requirements"] = ["pip options in requirements are not allowed (lines starting with '-')."]
+    values["requirements"] = requirements
+    source = data.get("source")
+    if source is not None:
+        if not isinstance(source, dict) or source.get("kind") not in ("git", "archive"):
+            errors["source"] = ["source is {\"kind\": \"git\", \"url\": …, \"ref\": …} or an uploaded archive."]
+        elif source["kind"] == "git" and not (isinstance(source.get("url"), str) and source["url"]
+                                              and not source["url"].startswith("-")):
+            errors["source"] = ["A git source needs a url."]
+    values["source"] = source
+    values["name"] = str(data.get("name") or "")[:200]
+    if data.get("cluster_size") not in (None, 1):
+        errors["cluster_size"] = ["Cluster jobs (cluster_size > 1) are not available yet."]
+    return values, errors
+
+
+# Claim ------------------------------------------------------------------------------------------
+
+def claim_job(worker: Worker, active_job_ids: list[int]) -> tuple[Job, str | None] | None:
+    """One transaction: recover an unacknowledged claim, or take the oldest queued job this worker
+    may run whose computer has a free slot and free GPUs. Returns (job, job token plaintext)."""
+    with transaction.atomic():
+        # Serialise duplicate requests of one worker: a replayed claim sees the first one's result.
+        Worker.objects.select_for_update().filter(pk=worker.pk).first()
+        recovered = _recover_unacknowledged(worker, active_job_ids)
+        if recovered is not None:
+            return recovered
+        jobs = list(_claimable(worker).select_for_update(skip_locked=True, of=("self",))[:CLAIM_BATCH])
+        if not jobs:
+            return None
+        target_ids = sorted({job.target_id for job in jobs})
+        # Lock the computers in id order: two claims locking them never wait on each other in a cycle.
+        targets = {t.pk: t for t in ComputeTarget.objects.select_for_update().filter(pk__in=target_ids).order_by("pk")}
+        running = dict(Job.objects.filter(target_id__in=target_ids, status__in=HELD_STATUSES)
+                       .values_list("target_id").annotate(n=Count("id")))
+        for job in jobs:
+            target = targets[job.target_id]
+            if not target.enabled or job.runtime not in target.runtimes:
+                continue
+            if running.get(target.pk, 0) >= target.concurrency:
+                continue
+            if not _reserve_gpus(job, target):
+                continue
+            return _mark_claimed(worker, job)
+    return None
+
+
+def _claimable(worker: Worker):
+    usable = computer_access.usable_by(worker.token.user).values("pk")
+    jobs = Job.objects.filter(status=JobStatus.QUEUED, target__enabled=True, target__in=usable).filter(
+        # The creator may still use the computer: its visibility may have changed since the Job was created.
+        Q(target__visibility="public") | Q(target__owner=F("created_by"))
+        | Q(created_by__service_account__created_by=F("target__owner"))
+    )
+    if worker.target_ids:
+        jobs = jobs.filter(target_id__in=worker.target_ids)
+    return jobs.order_by("created_at", "id")
+
+
+def _reserve_gpus(job: Job, target: ComputeTarget) -> bool:
+    if not job.gpu_ids:
+        return True
+    if GpuReservation.objects.filter(target=target, gpu_id__in=job.gpu_ids).exists():
+        return False
+    try:
+        with transaction.atomic():
+            GpuReservation.objects.bulk_create(
+                [GpuReservation(target=target, gpu_id=gpu, job=job) for gpu in job.gpu_ids])
+    except IntegrityError:
+        return False
+    return True
+
+
+def _mark_claimed(worker: Worker, job: Job) -> tuple[Job, str]:
+    now = timezone.now()
+    job.status = JobStatus.CLAIMED
+    job.worker = worker
+    job.lease_id = uuid.uuid4()
+    job.claimed_at = now
+    job.heartbeat_at = now
+    job.save(update_fields=["status", "worker", "lease_id", "claimed_at", "heartbeat_at"])
+    _, plaintext = identity_services.issue_job_token(job_id=job.pk, lease_id=job.lease_id, project=job.project,
+                                                     user=job.created_by)
+    _event(job, "claimed", f"Claimed by worker {worker.worker_id}")
+    audit(Actor(worker.token.user), "job.claim", job, project=job.project,
+          after={"worker": worker.worker_id, "lease_id": str(job.lease_id)})
+    _count_active(worker)
+    return job, plaintext
+
+
+def _recover_unacknowledged(worker: Worker, active_job_ids: list[int]):
+    held = set(Job.objects.filter(worker=worker, status__in=HELD_STATUSES).values_list("pk", flat=True))
+    foreign = sorted(set(active_job_ids) - held)
+    if foreign:
+        raise Conflict(f"Jobs {', '.join(map(str, foreign))} are not held by this worker; stop reporting them.",
+                       "unknown_active_jobs")
+    lost = Job.objects.filter(worker=worker, status=JobStatus.CLAIMED).exclude(pk__in=active_job_ids).first()
+    if lost is None:
+        return None
+    # The answer to the first claim was lost, so the worker never saw the token: give it one more,
+    # under the same lease. Nothing was started, so nothing uses the first one.
+    _, plaintext = identity_services.issue_job_token(job_id=lost.pk, lease_id=lost.lease_id, project=lost.project,
+                                                     user=lost.created_by)
+    return lost, plaintext
+
+
+def resume(worker: Worker, active_job_ids: list[int]) -> list[tuple[Job, str | None]]:
+    """The worker's claimed/running jobs with their leases; a token only for those it does not know."""
+    with transaction.atomic():
+        Worker.objects.select_for_update().filter(pk=worker.pk).first()
+        result = []
+        for job in Job.objects.filter(worker=worker, status__in=HELD_STATUSES).select_related("target", "project"):
+            token = None
+            if job.pk not in active_job_ids:
+                _, token = identity_services.issue_job_token(job_id=job.pk, lease_id=job.lease_id,
+                                                             project=job.project, user=job.created_by)
+            result.append((job, token))
+    return result
+
+
+def _count_active(worker: Worker) -> None:
+    count = Job.objects.filter(worker=worker, status__in=HELD_STATUSES).count()
+    Worker.objects.filter(pk=worker.pk).update(active_jobs=count)
+
+
+# Leased calls -----------------------------------------------------------------------------------
+
+def leased(worker: Worker, job_id: int, lease_id) -> Job:
+    job = Job.objects.select_for_update().select_related("project", "target").filter(pk=job_id).first()
+    if job is None:
+        raise ServiceError("No such job.", "not_found", status=404)
+    if job.worker_id != worker.pk or str(job.lease_id) != str(lease_id):
+        raise Conflict("This lease is not the job's current lease; stop touching this job.", "invalid_lease")
+    return job
+
+
+def heartbeat(worker: Worker, job_id: int, *, lease_id, status: str | None = None) -> Job:
+    with transaction.atomic():
+        job = leased(worker, job_id, lease_id)
+        if job.is_terminal:
+            raise Conflict(f"This job already ended ({job.status}).", "job_ended")
+        now = timezone.now()
+        job.heartbeat_at = now
+        fields = ["heartbeat_at"]
+        if status == JobStatus.RUNNING and job.status == JobStatus.CLAIMED:
+            job.status = JobStatus.RUNNING
+            job.started_at = now
+            fields += ["status", "started_at"]
+            _event(job, "started", "Started")
+        elif status not in (None, JobStatus.RUNNING):
+            raise ServiceError("status in a heartbeat is only 'running'.", "invalid", fields={"status": ["running"]})
+        job.save(update_fields=fields)
+    return job
+
+
+def append_logs(job: Job, chunks) -> int:
+    """Store ordered chunks; a chunk resent with the same stream and offset is ignored."""
+    if not isinstance(chunks, list):
+        raise ServiceError("chunks is a list of {stream, offset, data}.", "invalid", fields={"chunks": ["List."]})
+    rows = []
+    for chunk in chunks:
+        if (not isinstance(chunk, dict) or chunk.get("stream") not in Stream.values or not _is_int(chunk.get("offset"))
+                or int(chunk["offset"]) < 0 or not isinstance(chunk.get("data"), str)
+                or len(chunk["data"].encode()) > MAX_LOG_CHUNK):
+            raise ServiceError("Each chunk is {stream: stdout|stderr, offset: byte offset ≥ 0, data: text ≤ 1 MiB}.",
+                               "invalid", fields={"chunks": ["Invalid chunk."]})
+        rows.append(LogChunk(job=job, stream=chunk["stream"], offset=int(chunk["offset"]),
+                             data=chunk["data"].replace("\0", "")))
+    created = LogChunk.objects.bulk_create(rows, ignore_conflicts=True)
+    return len(created)
+
+
+def add_metrics(job: Job, metrics) -> int:
+    if not isinstance(metrics, list) or len(metrics) > MAX_METRICS_PER_CALL:
+        raise ServiceError(f"metrics is a list of at most {MAX_METRICS_PER_CALL} points.", "invalid",
+                           fields={"metrics": ["Invalid list."]})
+    rows = []
+    for point in metrics:
+        value = point.get("value") if isinstance(point, dict) else None
+        step = point.get("step", 0) if isinstance(point, dict) else None
+        name = point.get("name") if isinstance(point, dict) else None
+        if (not isinstance(name, str) or not name or len(name) > 200
+                or not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value)
+                or not _is_int(step) or not 0 <= int(step) <= 2**53 - 1):
+            raise ServiceError("Each metric is {name, value: a finite number, step: an integer 0 … 2^53-1}.",
+                               "invalid_metric", fields={"metrics": ["Invalid point."]})
+        stamp = point.get("timestamp")
+        when = parse_datetime(stamp) if isinstance(stamp, str) else None
+        rows.append(Metric(job=job, name=name, value=float(value), step=int(step), timestamp=when or timezone.now()))
+    Metric.objects.bulk_create(rows)
+    return len(rows)
+
+
+def complete(worker: Worker, job_id: int, *, lease_id, status: str, exit_code=None, error: str = "",
+             end_reason: str | None = None) -> Job:
+    if status not in (JobStatus.FINISHED, JobStatus.FAILED, JobStatus.CANCELED):
+        raise ServiceError("status is finished, failed or canceled.", "invalid", fields={"status": ["Invalid."]})
+    if exit_code is not None and not _is_int(exit_code):
+        raise ServiceError("exit_code is an integer.", "invalid", fields={"exit_code": ["Integer."]})
+    if status == JobStatus.FINISHED and exit_code not in (None, 0):
+        raise ServiceError("A job that exited with a non-zero code is failed, not finished.",
+                           "inconsistent_completion", fields={"status": ["failed expected."]})
+    if end_reason is not None and end_reason not in EndReason.values:
+        raise ServiceError(f"end_reason is one of {', '.join(EndReason.values)}.", "invalid",
+                           fields={"end_reason": ["Unknown."]})
+    with transaction.atomic():
+        job = leased(worker, job_id, lease_id)
+        if job.is_terminal:
+            if job.status == status:
+                return job  # the same completion resent
+            raise Conflict(f"This job already ended as {job.status}.", "job_already_completed")
+        reason = end_reason or (EndReason.CANCELED if status == JobStatus.CANCELED else EndReason.EXIT_CODE)
+        _finish(job, status, reason, exit_code=exit_code, error=error)
+        audit(Actor(worker.token.user), "job.complete", job, project=job.project,
+              after={"status": status, "end_reason": reason, "exit_code": exit_code})
+        _count_active(worker)
+    notify(JOBS_CHANNEL)
+    return job
+
+
+def _finish(job: Job, status: str, reason: str, *, exit_code=None, error: str = "") -> None:
+    """End the job: its GPUs and its token go in the same transaction."""
+    job.status = status
+    job.end_reason = reason
+    job.exit_code = int(exit_code) if exit_code is not None else None
+    job.error = _printable(str(error or ""))[:1000]
+    job.finished_at = timezone.now()
+    job.save(update_fields=["status", "end_reason", "exit_code", "error", "finished_at"])
+    GpuReservation.objects.filter(job=job).delete()
+    JobToken.objects.filter(job_id=job.pk, revoked_at__isnull=True).update(revoked_at=job.finished_at)
+    label = {JobStatus.FINISHED: "Finished", JobStatus.FAILED: "Failed", JobStatus.CANCELED: "Canceled"}[status]
+    detail = f" (exit code {job.exit_code})" if job.exit_code is not None else ""
+    _event(job, status, f"{label}{detail}" + (f": {job.error}" if job.error else ""))
+
+
+# Stop -------------------------------------------------------------------------------------------
+
+def request_stop(actor: Actor, job: Job) -> Job:
+    if not access.can_stop(actor.user, job):
+        raise Forbidden("Only the Job's creator and Project admins can stop it.", "stop_forbidden")
+    with transaction.atomic():
+        job = Job.objects.select_for_update().get(pk=job.pk)
+        if job.is_terminal:
+            raise Conflict(f"This job already ended ({job.status}).", "job_ended")
+        if job.stop_requested_at is None:
+            job.stop_requested_at = timezone.now()
+            job.stop_requested_by = actor.user
+            job.save(update_fields=["stop_requested_at", "stop_requested_by"])
+            _event(job, "stop_requested", f"Stop requested by {actor.user.username}")
+            audit(actor, "job.stop_request", job, project=job.project, after={"status_then": job.status})
+        if job.status == JobStatus.QUEUED:
+            # Nobody runs it yet: it ends at once.
+            _finish(job, JobStatus.CANCELED, EndReason.CANCELED)
+    notify(JOBS_CHANNEL)
+    return job
+
+
+# helpers ----------------------------------------------------------------------------------------
+
+def _event(job: Job, kind: str, message: str) -> None:
+    JobEvent.objects.create(job=job, kind=kind, message=message[:500])
+
+
+def _invalid(errors: dict) -> ServiceError:
+    summary = " ".join(m for messages in errors.values() for m in messages)
+    return ServiceError(summary, "invalid_job", fields=errors)
+
+
+def _is_int(value) -> bool:
+    if isinstance(value, bool):
+        return False
+    if isinstance(value, int):
+        return True
+    return isinstance(value, str) and value.strip().lstrip("-").isdigit()
+
+
+def _printable(text: str) -> str:
+    return "".join(ch for ch in text if ch.isprintable())
+
+
+
+
