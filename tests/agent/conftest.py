@@ -1,0 +1,77 @@
+"""Fixtures of the worker-agent tests: a real sshd (session-wide), a connection pool, and helpers to
+prepare files on the target as its login user."""
+from __future__ import annotations
+
+import os
+import shutil
+import uuid
+from pathlib import Path
+
+import pytest
+
+from tests.peers.sshd import Sshd, start_sshd
+from worker_agent.ssh import ConnectionPool
+
+
+@pytest.fixture(scope="session")
+def sshd() -> Sshd:
+    server = start_sshd()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def pool():
+    p = ConnectionPool()
+    yield p
+    p.close_all()
+
+
+@pytest.fixture
+def target_dir(sshd):
+    """A fresh directory in the login user's home, owned by that user, removed afterwards."""
+    path = sshd.home / f"t-{uuid.uuid4().hex[:8]}"
+    path.mkdir()
+    os.chown(path, _uid(sshd), _gid(sshd))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def _uid(sshd) -> int:
+    return sshd.home.stat().st_uid
+
+
+def _gid(sshd) -> int:
+    return sshd.home.stat().st_gid
+
+
+def chown_tree(sshd, path: Path) -> None:
+    for root, dirs, files in os.walk(path):
+        for name in dirs + files:
+            os.lchown(os.path.join(root, name), _uid(sshd), _gid(sshd))
+    os.lchown(path, _uid(sshd), _gid(sshd))
+
+
+def listing(*roots: Path) -> dict[str, tuple]:
+    """Every path under `roots` with its kind, size and mtime: what a check must leave unchanged."""
+    seen = {}
+    for root in roots:
+        for dirpath, dirnames, filenames in os.walk(root):
+            for name in dirnames + filenames:
+                p = os.path.join(dirpath, name)
+                st = os.lstat(p)
+                seen[p] = (st.st_mode, st.st_size, st.st_mtime_ns if not os.path.isdir(p) else 0)
+    return seen
+
+
+@pytest.fixture
+def isolated_home(tmp_path, monkeypatch):
+    """HOME (and the XDG variables) pointing into a temporary directory."""
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    for name in ("XDG_STATE_HOME", "XDG_CONFIG_HOME", "MMT_API_URL", "MMT_API_TOKEN", "MMT_API_TOKEN_FILE",
+                 "MMT_WORKER_ID", "MMT_WORKER_TARGET_IDS", "MMT_WORKER_STATE_DIR", "MMT_WORKER_SSH_DIR",
+                 "MADO_DEV_MODE", "MMT_ALLOW_LOCAL_EXECUTOR"):
+        monkeypatch.delenv(name, raising=False)
+    return home

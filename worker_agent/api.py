@@ -1,0 +1,195 @@
+"""The worker's side of the HTTP contract in docs/worker-protocol.md: one method per endpoint.
+
+Transient failures (connection errors, timeouts, 5xx, 429) are retried with jittered exponential
+backoff; 401 and 403 are unrecoverable and raise `FatalApiError` with a sentence saying which token or
+scope is wrong; other 4xx raise `ApiError` with the server's code. The token never appears in a
+message: every text that leaves this module passes through `mask_tokens`."""
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import requests
+
+from worker_agent import __version__
+from worker_agent.text import mask_tokens
+
+log = logging.getLogger("mado.worker.api")
+
+CONNECT_TIMEOUT = 5.0
+READ_TIMEOUT = 30.0
+MAX_WAIT = 30
+
+
+class ApiError(Exception):
+    """The server answered with an error the worker cannot fix by retrying this call."""
+
+    def __init__(self, message: str, *, status: int | None = None, code: str | None = None,
+                 body: dict | None = None):
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.body = body or {}
+
+
+class FatalApiError(ApiError):
+    """401/403: the token itself is wrong. The worker stops; retrying cannot help."""
+
+
+class ApiUnavailable(ApiError):
+    """The server could not be reached (or kept failing) after every retry."""
+
+
+@dataclass
+class Backoff:
+    """Jittered exponential backoff: attempt n waits base·2ⁿ capped at `cap`, times a random 0.5–1."""
+    base: float = 0.5
+    cap: float = 30.0
+
+    def delay(self, attempt: int) -> float:
+        return min(self.cap, self.base * (2 ** attempt)) * random.uniform(0.5, 1.0)
+
+
+class ApiClient:
+    def __init__(self, api_url: str, token: str, *, attempts: int = 5, backoff: Backoff | None = None,
+                 sleep: Callable[[float], Any] | None = None, stop: threading.Event | None = None):
+        self.api_url = api_url.rstrip("/")
+        self._token = token
+        self.attempts = attempts
+        self.backoff = backoff or Backoff()
+        self._stop = stop
+        self._sleep = sleep or self._interruptible_sleep
+        self._local = threading.local()
+
+    # one requests.Session per thread: the loop's threads each keep their own keep-alive connection
+    @property
+    def session(self) -> requests.Session:
+        session = getattr(self._local, "session", None)
+        if session is None:
+            session = requests.Session()
+            session.headers.update({
+                "Authorization": f"Bearer {self._token}",
+                "User-Agent": f"mado-tracking-worker/{__version__}",
+                "Accept": "application/json",
+            })
+            session.trust_env = True
+            self._local.session = session
+        return session
+
+    def close(self) -> None:
+        session = getattr(self._local, "session", None)
+        if session is not None:
+            session.close()
+            self._local.session = None
+
+    def _interruptible_sleep(self, seconds: float) -> None:
+        if self._stop is not None:
+            self._stop.wait(seconds)
+        else:
+            time.sleep(seconds)
+
+    def mask(self, text: str) -> str:
+        return mask_tokens(text, self._token)
+
+    # -- transport -----------------------------------------------------------------------------
+
+    def request(self, method: str, path: str, body: dict | None = None, *, read_timeout: float = READ_TIMEOUT,
+                auth: bool = True, attempts: int | None = None) -> dict:
+        url = f"{self.api_url}/api/{path.lstrip('/')}"
+        attempts = attempts or self.attempts
+        last: Exception | None = None
+        for attempt in range(attempts):
+            if attempt:
+                delay = self.backoff.delay(attempt - 1)
+                log.info("retrying %s %s in %.1f s (%s)", method, path, delay, last)
+                self._sleep(delay)
+                if self._stop is not None and self._stop.is_set():
+                    break
+            try:
+                response = self.session.request(
+                    method, url, json=body, timeout=(CONNECT_TIMEOUT, read_timeout), allow_redirects=False,
+                    headers=None if auth else {"Authorization": None},
+                )
+            except requests.Timeout:
+                last = ApiUnavailable(f"The API server at {self.api_url} did not answer {method} /api/{path} in time.")
+                continue
+            except requests.RequestException as exc:
+                last = ApiUnavailable(self.mask(
+                    f"Cannot reach the API server at {self.api_url} ({type(exc).__name__}). "
+                    "Check MMT_API_URL and that the server is running."))
+                continue
+            if response.status_code >= 500 or response.status_code == 429:
+                last = ApiUnavailable(f"The API server answered {response.status_code} to {method} /api/{path}.",
+                                      status=response.status_code)
+                continue
+            return self._answer(method, path, response)
+        raise last if last is not None else ApiUnavailable("The worker is stopping.")
+
+    def _answer(self, method: str, path: str, response: requests.Response) -> dict:
+        try:
+            data = response.json()
+        except ValueError:
+            data = None
+        if 300 <= response.status_code < 400:
+            raise ApiError(f"The API server redirected /api/{path} to {response.headers.get('Location', '?')}: "
+                           "set MMT_API_URL to the final address (for example https:// instead of http://).",
+                           status=response.status_code, code="redirect")
+        if response.status_code < 300:
+            if not isinstance(data, dict):
+                raise ApiError(f"The API server answered {method} /api/{path} with something other than JSON: "
+                               "check that MMT_API_URL points at the Mado server.", status=response.status_code)
+            return data
+        body = data if isinstance(data, dict) else {}
+        code = body.get("code") if isinstance(body.get("code"), str) else None
+        server_text = self.mask(str(body.get("error") or "")) if body else ""
+        if response.status_code == 401:
+            raise FatalApiError(
+                "The API server rejected the worker token (401): it is unknown, expired or revoked, or its service "
+                "account is disabled. Issue a new token for the service account and run `mado-tracking-worker "
+                "install` again (or update MMT_API_TOKEN)." + (f" Server: {server_text}" if server_text else ""),
+                status=401, code=code or "unauthorized", body=body)
+        if response.status_code == 403 and path.startswith("worker/"):
+            raise FatalApiError(
+                "The worker token lacks the worker:execute scope (403). Issue a token for an admin-role service "
+                "account with the scopes read, worker:execute and artifacts:write, then run `mado-tracking-worker "
+                "install` again." + (f" Server: {server_text}" if server_text else ""),
+                status=403, code=code or "missing_scope", body=body)
+        raise ApiError(server_text or f"The API server answered {response.status_code} to {method} /api/{path}.",
+                       status=response.status_code, code=code, body=body)
+
+    # -- endpoints -----------------------------------------------------------------------------
+
+    def health(self) -> dict:
+        return self.request("GET", "health", auth=False, attempts=1, read_timeout=5)
+
+    def token_info(self) -> dict:
+        return self.request("GET", "auth/token", attempts=1, read_timeout=10)
+
+    def hello(self, payload: dict) -> dict:
+        return self.request("POST", "worker/hello", payload)
+
+    def claim_check(self, worker_id: str, wait: int = 0) -> dict | None:
+        wait = max(0, min(MAX_WAIT, int(wait)))
+        # Re-sending a check claim returns the check already held (same lease), so a retry is safe.
+        data = self.request("POST", "worker/checks/claim", {"worker_id": worker_id, "wait": wait},
+                            read_timeout=wait + READ_TIMEOUT)
+        return data.get("item")
+
+    def complete_check(self, check_id: int, worker_id: str, lease_id: str, status: str, result: dict) -> dict:
+        return self.request("POST", f"worker/checks/{int(check_id)}/complete",
+                            {"worker_id": worker_id, "lease_id": lease_id, "status": status, "result": result})
+
+    def claim_read(self, worker_id: str, wait: int = 0) -> dict | None:
+        wait = max(0, min(MAX_WAIT, int(wait)))
+        data = self.request("POST", "worker/reads/claim", {"worker_id": worker_id, "wait": wait},
+                            read_timeout=wait + READ_TIMEOUT)
+        return data.get("item")
+
+    def complete_read(self, read_id: int, worker_id: str, lease_id: str, entries: list[dict],
+                      error: str | None) -> dict:
+        return self.request("POST", f"worker/reads/{int(read_id)}/complete",
+                            {"worker_id": worker_id, "lease_id": lease_id, "entries": entries, "error": error})

@@ -1,0 +1,190 @@
+"""The worker's main loop: presence, connection checks and directory reads.
+
+Three threads: presence (`worker/hello` at start and every `hello_interval_seconds`, re-scanning
+key candidates each time), checks and reads (each a long-poll claim → handle → complete, so a read
+queued while the worker waits is answered as soon as the server wakes the poll). Network trouble is
+retried with backoff and never stops the worker; 401/403 stop it with a sentence saying which token
+or scope is wrong. SIGTERM stops claiming and exits after the item in hand is done (at most a grace
+period), leaving nothing half-reported that the server would not expire by itself."""
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from typing import Callable
+
+from worker_agent import __version__
+from worker_agent.api import ApiClient, ApiError, ApiUnavailable, Backoff, FatalApiError
+from worker_agent.candidates import scan
+from worker_agent.config import WorkerConfig
+from worker_agent.probe import run_check
+from worker_agent.reads import ERRORS, read_directory
+from worker_agent.ssh import ConnectionPool
+
+log = logging.getLogger("mado.worker")
+
+CAPABILITIES = ["checks", "reads", "key_candidates"]
+HELLO_INTERVAL = 60.0
+CLAIM_WAIT = 20
+STOP_GRACE = 15.0
+
+
+class Worker:
+    def __init__(self, config: WorkerConfig, *, api: ApiClient | None = None, pool: ConnectionPool | None = None,
+                 claim_wait: int = CLAIM_WAIT):
+        self.config = config
+        self.stop_event = threading.Event()
+        self.api = api or ApiClient(config.api_url, config.token, stop=self.stop_event)
+        self.pool = pool or ConnectionPool(allow_local=config.allow_local)
+        self.claim_wait = claim_wait
+        self.hello_interval = HELLO_INTERVAL
+        self.fatal: FatalApiError | None = None
+        self._backoff = Backoff(base=1.0, cap=60.0)
+        self._busy = threading.Lock()
+
+    # -- presence ------------------------------------------------------------------------------
+
+    def hello_payload(self) -> dict:
+        found = scan(self.config.ssh_dirs)
+        return {
+            "worker_id": self.config.worker_id,
+            "version": __version__,
+            "hostname": self.config.hostname,
+            "parallel_jobs": self.config.parallel_jobs,
+            "target_ids": self.config.target_ids,
+            "capabilities": list(CAPABILITIES),
+            "ssh_key_candidates": found.ssh_keys,
+            "known_hosts_candidates": found.known_hosts,
+        }
+
+    def hello(self) -> dict:
+        answer = self.api.hello(self.hello_payload())
+        interval = answer.get("hello_interval_seconds")
+        if isinstance(interval, (int, float)) and 5 <= interval <= 600:
+            self.hello_interval = float(interval)
+        return answer
+
+    # -- one item each -------------------------------------------------------------------------
+
+    def handle_check(self, item: dict) -> None:
+        computer = item.get("computer") or {}
+        log.info("checking computer %s (%s), check %s", computer.get("id"), computer.get("name"), item.get("id"))
+        status, result = run_check(computer, self.pool, api_url=item.get("api_url") or self.config.api_url)
+        failed = [i["key"] for i in result["items"] if i["status"] == "failed"]
+        log.info("check %s %s%s", item.get("id"), status, f" (failed: {', '.join(failed)})" if failed else "")
+        self._complete("check", item, lambda: self.api.complete_check(
+            item["id"], self.config.worker_id, item["lease_id"], status, result))
+
+    def handle_read(self, item: dict) -> None:
+        entries, error = read_directory(item.get("connection") or {}, str(item.get("path") or ""), self.pool)
+        if error not in (None, *ERRORS):
+            error = "connect_failed"
+        log.info("read %s: %s", item.get("id"), error or f"{len(entries)} entries")
+        self._complete("read", item, lambda: self.api.complete_read(
+            item["id"], self.config.worker_id, item["lease_id"], entries, error))
+
+    def _complete(self, what: str, item: dict, send: Callable[[], dict]) -> None:
+        try:
+            send()
+        except FatalApiError:
+            raise
+        except ApiError as exc:
+            # 409 (lease lost, expired, completed differently) or 422: the server will not take this
+            # result, retrying cannot change that.
+            log.warning("the server refused the result of %s %s: %s", what, item.get("id"), exc)
+
+    # -- threads -------------------------------------------------------------------------------
+
+    def _presence_thread(self) -> None:
+        failures = 0
+        while not self.stop_event.is_set():
+            try:
+                self.hello()
+                failures = 0
+                wait = self.hello_interval
+            except FatalApiError as exc:
+                return self._fail(exc)
+            except ApiError as exc:
+                failures += 1
+                wait = min(self.hello_interval, self._backoff.delay(failures))
+                log.warning("presence not sent: %s", exc)
+            self.stop_event.wait(wait)
+
+    def _claim_thread(self, what: str, claim: Callable[[str, int], dict | None],
+                      handle: Callable[[dict], None]) -> None:
+        failures = 0
+        while not self.stop_event.is_set():
+            try:
+                item = claim(self.config.worker_id, self.claim_wait)
+                failures = 0
+                if item is None:
+                    continue
+                handle(item)  # even when stopping: the item is ours now, report it
+            except FatalApiError as exc:
+                return self._fail(exc)
+            except ApiError as exc:
+                failures += 1
+                level = logging.WARNING if isinstance(exc, ApiUnavailable) or failures > 1 else logging.INFO
+                log.log(level, "%s claim failed: %s", what, exc)
+                self.stop_event.wait(self._backoff.delay(failures))
+            except Exception:  # a bug in handling one item must not stop the worker
+                failures += 1
+                log.exception("unexpected error while handling a %s", what)
+                self.stop_event.wait(self._backoff.delay(failures))
+
+    def _fail(self, exc: FatalApiError) -> None:
+        if self.fatal is None:
+            self.fatal = exc
+            log.error("%s", exc)
+        self.stop_event.set()
+
+    # -- entry points --------------------------------------------------------------------------
+
+    def run_forever(self, *, install_signals: bool = True) -> int:
+        if install_signals:
+            for signum in (signal.SIGTERM, signal.SIGINT):
+                signal.signal(signum, lambda *_: self.stop_event.set())
+        try:
+            self.hello()  # the first hello decides quickly whether the token works at all
+        except FatalApiError as exc:
+            self._fail(exc)
+            return 1
+        except ApiError as exc:
+            log.warning("presence not sent yet: %s (will retry)", exc)
+        log.info("worker %s %s started (api %s, target ids %s)", self.config.worker_id, __version__,
+                 self.config.api_url, self.config.target_ids or "any")
+        threads = [
+            threading.Thread(target=self._presence_thread, name="presence", daemon=True),
+            threading.Thread(target=self._claim_thread, name="checks", daemon=True,
+                             args=("check", self.api.claim_check, self.handle_check)),
+            threading.Thread(target=self._claim_thread, name="reads", daemon=True,
+                             args=("read", self.api.claim_read, self.handle_read)),
+        ]
+        for thread in threads:
+            thread.start()
+        while not self.stop_event.wait(1.0):
+            self.pool.prune()
+        # Threads blocked in a long-poll return by themselves; a check or read in hand gets a grace
+        # period to be reported.
+        for thread in threads:
+            thread.join(timeout=STOP_GRACE / len(threads))
+        self.pool.close_all()
+        log.info("worker %s stopped", self.config.worker_id)
+        return 1 if self.fatal else 0
+
+    def run_once(self) -> int:
+        """Presence, then whatever check and read are waiting now; then exit."""
+        try:
+            self.hello()
+            check = self.api.claim_check(self.config.worker_id, 0)
+            if check:
+                self.handle_check(check)
+            read = self.api.claim_read(self.config.worker_id, 0)
+            if read:
+                self.handle_read(read)
+        except FatalApiError as exc:
+            self._fail(exc)
+            return 1
+        finally:
+            self.pool.close_all()
+        return 0

@@ -1,0 +1,48 @@
+"""Text that leaves the worker: tokens masked, control characters removed, length bounded.
+
+Anything the worker reports (check details, log lines, error messages) passes through here, because
+it may carry a token, a key path or bytes a remote command printed."""
+from __future__ import annotations
+
+import re
+
+# Tokens of the server: API tokens `mmt_…` and job tokens `mmtj_…` (url-safe base64 after the prefix).
+TOKEN_RE = re.compile(r"\bmmtj?_[A-Za-z0-9_\-]{6,}")
+_CONTROL_RE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+_PRIVATE_KEY_RE = re.compile(r"-----BEGIN [A-Z ]*PRIVATE KEY-----")
+DETAIL_LIMIT = 200
+
+
+def mask_token(token: str) -> str:
+    """A token shortened to its first 12 characters, as the server shows it."""
+    if not token:
+        return ""
+    return token[:12] + "…" if len(token) > 12 else "…"
+
+
+def mask_tokens(text: str, *known: str) -> str:
+    """`text` with the given tokens and anything shaped like a token masked."""
+    for token in known:
+        if token:
+            text = text.replace(token, mask_token(token))
+    return TOKEN_RE.sub(lambda m: mask_token(m.group(0)), text)
+
+
+def sanitize_detail(text: str | None, *, secrets: tuple[str, ...] = (), limit: int = DETAIL_LIMIT) -> str:
+    """A detail safe to report: one line, no control characters, tokens masked, at most `limit`
+    characters. A detail that mentions one of `secrets` (key and known_hosts paths) or private key
+    material is dropped entirely: a shortened path would still name the file."""
+    if not text:
+        return ""
+    if _PRIVATE_KEY_RE.search(text):
+        return ""
+    for secret in secrets:
+        if secret and secret in text:
+            return ""
+    text = text.replace("\r\n", " ").replace("\n", " ").replace("\t", " ")
+    text = _CONTROL_RE.sub("", text)
+    text = mask_tokens(text)
+    text = re.sub(r" {2,}", " ", text).strip()
+    if len(text) > limit:
+        text = text[: limit - 1].rstrip() + "…"
+    return text
