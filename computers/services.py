@@ -295,7 +295,7 @@ def complete_check(worker, check_id: int, *, lease_id, status: str, result) -> C
         raise ServiceError("status must be succeeded or failed.", "invalid", fields={"status": ["Invalid."]})
     expire_stale()
     with transaction.atomic():
-        check = ConnectionCheck.objects.select_for_update().select_related("target").filter(pk=check_id).first()
+        check = ConnectionCheck.objects.select_for_update(of=("self",)).select_related("target").filter(pk=check_id).first()
         if check is None or check.claimed_by_id != worker.pk:
             raise ServiceError("No check with this id is held by this worker.", "not_found", status=404)
         if str(check.lease_id) != str(lease_id):

@@ -222,6 +222,12 @@ def _json_type(value: Any) -> str:
     return type(value).__name__
 
 
+def _bytes_text(count: int) -> str:
+    if count >= 1024 * 1024 and count % (1024 * 1024) == 0:
+        return f"{count} bytes ({count // (1024 * 1024)} MiB)"
+    return f"{count} bytes"
+
+
 def _key_location(parent: str, key: str) -> str:
     if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
         return f"{parent}.{key}" if parent else key
@@ -314,8 +320,7 @@ def parse_result_json(raw: bytes, *, max_bytes: int = MAX_RESULT_BYTES) -> dict:
     if len(raw) > max_bytes:
         _fail(
             "result_too_large",
-            f"result.json is {len(raw)} bytes, over the limit of {max_bytes} bytes "
-            f"({max_bytes / 1024 / 1024:g} MiB); list thousands of files in an artifactsManifest "
+            f"result.json is {len(raw)} bytes, over the limit of {_bytes_text(max_bytes)}; list thousands of files in an artifactsManifest "
             "JSON Lines file instead of the artifacts list, and keep metrics to at most "
             f"{MAX_METRIC_POINTS} points.",
         )
@@ -576,8 +581,8 @@ def _manifest_entries(text: str, manifest_path: str, max_files: int, already: in
         if already + len(entries) > max_files:
             _fail(
                 "too_many_files",
-                f"The declared artifacts (artifacts plus the {name}) exceed the limit of {max_files} files at line "
-                f"{number}; write fewer output files, e.g. pack them into an archive.",
+                f"The declared artifacts exceed the limit of {max_files} files at {name} line {number}; write fewer "
+                "output files (e.g. pack small files into an archive) or raise MMT_WORKER_MAX_OUTPUT_FILES on the worker.",
                 location,
             )
     return entries
@@ -823,7 +828,7 @@ def _present_files(files: Iterable[OutputFile]) -> tuple[dict[str, OutputFile], 
     for entry in files:
         if not isinstance(entry, OutputFile):
             raise TypeError("validate_result() takes a list of OutputFile")
-        where = "The outputs directory holds"
+        where = "The output file"
         if entry.kind not in FILE_KINDS:
             _fail("invalid_file_list", f"The worker reported {_show(entry.path)} with the unknown kind {_show(entry.kind)}; expected one of {', '.join(FILE_KINDS)}.")
         is_dir = entry.kind == "dir"

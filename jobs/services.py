@@ -252,7 +252,8 @@ def _count_active(worker: Worker) -> None:
 # Leased calls -----------------------------------------------------------------------------------
 
 def leased(worker: Worker, job_id: int, lease_id) -> Job:
-    job = Job.objects.select_for_update().select_related("project", "target").filter(pk=job_id).first()
+    # Lock only the job row: locking its project or computer too would deadlock with concurrent claims.
+    job = Job.objects.select_for_update(of=("self",)).select_related("project", "target").filter(pk=job_id).first()
     if job is None:
         raise ServiceError("No such job.", "not_found", status=404)
     if job.worker_id != worker.pk or str(job.lease_id) != str(lease_id):
