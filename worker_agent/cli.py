@@ -101,7 +101,7 @@ def run(once, api_url, worker_id, target_ids, state_dir, token_file, log_level):
 def _read_token(token_file: str | None) -> str:
     if token_file:
         return read_token_file(token_file)
-    stdin = click.get_text_stream("stdin")
+    stdin = sys.stdin
     if stdin.isatty():
         return getpass.getpass("Worker API token (not shown): ")
     return stdin.readline().strip()

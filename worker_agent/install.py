@@ -98,8 +98,7 @@ def layout_for(system: bool) -> Layout:
 def render_unit(*, system: bool, python: str, env_dir: Path, service_user: str | None = None) -> str:
     """The template unit. KillMode=process: restarting or upgrading the worker never kills the jobs
     it started (they are re-attached from the state directory)."""
-    lines = ["[Unit]", "Description=Mado Compute worker %i",
-             "Documentation=https://github.com/aida0710/mado-ml-tracking"]
+    lines = ["[Unit]", "Description=Mado Compute worker %i"]
     if system:
         lines += ["After=network-online.target", "Wants=network-online.target"]
     lines += ["", "[Service]", "Type=simple"]

@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 
 # Tokens of the server: API tokens `mmt_…` and job tokens `mmtj_…` (url-safe base64 after the prefix).
-TOKEN_RE = re.compile(r"\bmmtj?_[A-Za-z0-9_\-]{6,}")
+TOKEN_RE = re.compile(r"\bmmtj?_[A-Za-z0-9_\-]{16,}")
 _CONTROL_RE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 _PRIVATE_KEY_RE = re.compile(r"-----BEGIN [A-Z ]*PRIVATE KEY-----")
 DETAIL_LIMIT = 200
