@@ -57,14 +57,16 @@ Decisions where the documents are silent
   unknown is ``application/octet-stream``.
 * File list from the worker: ``result.json`` may be listed or not (either is accepted); a ``dir``
   entry is never an error; the same path listed twice is ``duplicate_output_entry``; reported paths
-  pass the same path rules as declared ones. The file count limit counts regular files other than
+  pass the same path rules as declared ones, and a regular file needs an integer size and a 64-digit
+  sha256 (``invalid_file_list``). The file count limit counts regular files other than
   ``result.json`` and the manifest, and applies to the declared artifacts too.
 * Manifest: the caller passes its text (decoded UTF-8; :func:`decode_manifest` does that with the
-  limits). It must be listed as a regular file, and when the worker reported its sha256 the text must
-  hash to it (``manifest_mismatch``). Lines are split on ``\\n``; a trailing ``\\r`` is tolerated; blank
-  lines are skipped; each line is one JSON object; line numbers in messages count from 1. The whole
-  text may be at most ``max_files`` × 4 KiB. ``artifacts`` and a manifest may both be used.
-  ``manifest_text`` is ignored when the document declares no manifest.
+  limits; bytes passed to ``validate_result`` are decoded the same way). It must be listed as a
+  regular file, and the text must hash to the sha256 the worker reported for it
+  (``manifest_mismatch``). Lines are split on ``\\n``; a trailing ``\\r`` is tolerated; blank lines are
+  skipped; each line is one JSON object; line numbers in messages count from 1. The whole text may be
+  at most ``max_files`` × 4 KiB. ``artifacts`` and a manifest may both be used. ``manifest_text`` is
+  ignored when the document declares no manifest.
 * Metrics: name 1..250 characters (MLflow's key limit), no control characters, not only spaces; a
   ``value`` written as a string is rejected (``non_finite_metric`` when it spells NaN/inf, else
   ``invalid_metric_value``); ``step`` defaults to 0; ``timestamp`` is an ISO 8601 date-time with a
@@ -84,6 +86,13 @@ Decisions where the documents are silent
   files is ``undeclared_dataset_path``. A file path makes a one-file version named by its base name.
   The same (datasetId, path/uri) twice is ``duplicate_dataset``. ``schema``/``metadata`` are optional
   JSON objects.
+
+Checks run in this order and the first problem is the one reported: the header (object, version,
+unknown top-level keys, ``complete``), the files the worker listed (unsafe paths, symlinks, special
+files, unfinished files, the file count), the list sizes (metrics, models, datasets), the manifest and
+each declared artifact, the files against the declarations (missing, size, sha256, undeclared), then
+metrics, models and datasets. Artifacts come back in declared order (the list, then the manifest's
+lines); a dataset's ``files`` are sorted by their path inside the version.
 
 Returned shapes (snake_case, as the API stores them)::
 
@@ -320,12 +329,15 @@ def parse_result_json(raw: bytes, *, max_bytes: int = MAX_RESULT_BYTES) -> dict:
     if len(raw) > max_bytes:
         _fail(
             "result_too_large",
-            f"result.json is {len(raw)} bytes, over the limit of {_bytes_text(max_bytes)}; list thousands of files in an artifactsManifest "
-            "JSON Lines file instead of the artifacts list, and keep metrics to at most "
+            f"result.json is {len(raw)} bytes, over the limit of {_bytes_text(max_bytes)}; list thousands of "
+            "files in an artifactsManifest JSON Lines file instead of the artifacts list, and keep metrics to at most "
             f"{MAX_METRIC_POINTS} points.",
         )
     if raw.startswith(b"\xef\xbb\xbf"):
-        _fail("invalid_encoding", "result.json starts with a UTF-8 byte order mark; write it as plain UTF-8 without a BOM.")
+        _fail(
+            "invalid_encoding",
+            "result.json starts with a UTF-8 byte order mark; write it as plain UTF-8 without a BOM.",
+        )
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as error:
@@ -335,7 +347,11 @@ def parse_result_json(raw: bytes, *, max_bytes: int = MAX_RESULT_BYTES) -> dict:
         )
     if not text.strip():
         _fail("invalid_json", "result.json is empty; write a JSON object such as {\"version\": 2, \"complete\": true}.")
-    value = _loads(text, "result.json", "write one JSON object, for example {\"version\": 2, \"complete\": true, \"artifacts\": []}.")
+    value = _loads(
+        text,
+        "result.json",
+        "write one JSON object, for example {\"version\": 2, \"complete\": true, \"artifacts\": []}.",
+    )
     if not isinstance(value, dict):
         _fail(
             "not_an_object",
@@ -355,11 +371,18 @@ def decode_manifest(raw: bytes, *, max_files: int = DEFAULT_MAX_OUTPUT_FILES, pa
             f"({max_files} lines of at most {MAX_MANIFEST_LINE_BYTES} bytes); list fewer files.",
         )
     if raw.startswith(b"\xef\xbb\xbf"):
-        _fail("invalid_encoding", f"The artifacts manifest {_show(path)} starts with a byte order mark; write it as plain UTF-8.")
+        _fail(
+            "invalid_encoding",
+            f"The artifacts manifest {_show(path)} starts with a byte order mark; write it as plain UTF-8.",
+        )
     try:
         return bytes(raw).decode("utf-8")
     except UnicodeDecodeError as error:
-        _fail("invalid_encoding", f"The artifacts manifest {_show(path)} is not valid UTF-8 (byte {error.start}); write it as UTF-8 JSON Lines.")
+        _fail(
+            "invalid_encoding",
+            f"The artifacts manifest {_show(path)} is not valid UTF-8 (byte {error.start}); write it as UTF-8 JSON "
+            "Lines.",
+        )
 
 
 # --------------------------------------------------------------------------- paths
@@ -370,9 +393,17 @@ def _check_path(
 ) -> str:
     """A safe relative POSIX path under the outputs directory, or a ResultError naming ``where``."""
     if not isinstance(path, str):
-        _fail("invalid_type", f"{where} is {_json_type(path)}; write the path as a string relative to the outputs directory.", location)
+        _fail(
+            "invalid_type",
+            f"{where} is {_json_type(path)}; write the path as a string relative to the outputs directory.",
+            location,
+        )
     if path == "":
-        _fail("invalid_path", f"{where} is empty; write the file's path relative to the outputs directory, e.g. \"model/weights.bin\".", location)
+        _fail(
+            "invalid_path",
+            f"{where} is empty; write the file's path relative to the outputs directory, e.g. \"model/weights.bin\".",
+            location,
+        )
     if len(path) > MAX_PATH_LENGTH:
         _fail(
             "path_too_long",
@@ -384,11 +415,16 @@ def _check_path(
     if control:
         names = {"\x00": "NUL", "\r": "a carriage return (CR)", "\n": "a line feed (LF)"}
         name = names.get(control.group(), f"the control character U+{ord(control.group()):04X}")
-        _fail("control_character", f"{where} {_show(path)} contains {name}; rename the file without control characters.", location)
+        _fail(
+            "control_character",
+            f"{where} {_show(path)} contains {name}; rename the file without control characters.",
+            location,
+        )
     if "\\" in path:
         _fail(
             "backslash_in_path",
-            f"{where} {_show(path)} contains a backslash; separate directories with \"/\" and do not use \"\\\" in names.",
+            f"{where} {_show(path)} contains a backslash; separate directories with \"/\" and do not use \"\\\" in "
+            "names.",
             location,
         )
     if path.startswith("/"):
@@ -403,7 +439,8 @@ def _check_path(
     if ".." in parts:
         _fail(
             "path_traversal",
-            f"{where} {_show(path)} uses \"..\" to leave its directory; only files inside the outputs directory can be declared — remove \"..\".",
+            f"{where} {_show(path)} uses \"..\" to leave its directory; only files inside the outputs directory can "
+            "be declared — remove \"..\".",
             location,
         )
     if any(part in ("", ".") for part in parts):
@@ -416,8 +453,8 @@ def _check_path(
     if is_file and parts[-1].endswith(TEMPORARY_SUFFIXES):
         _fail(
             "temporary_file",
-            f"{where} {_show(path)} is an unfinished file (*.partial / *.tmp); finish writing it, rename it to its "
-            "final name, and write result.json last.",
+            f"{where} {_show(path)} is an unfinished file (*.partial / *.tmp); finish writing it and rename it "
+            "to its final name (or delete it), then write result.json last.",
             location,
         )
     return body
@@ -435,7 +472,11 @@ def _require_object(value: Any, where: str, location: str, example: str) -> dict
 def _require_list(result: dict, key: str, example: str) -> list:
     value = result.get(key, [])
     if not isinstance(value, list):
-        _fail("invalid_type", f"result.json \"{key}\" is {_json_type(value)}; write a list such as {example}, or leave the key out.", key)
+        _fail(
+            "invalid_type",
+            f"result.json \"{key}\" is {_json_type(value)}; write a list such as {example}, or leave the key out.",
+            key,
+        )
     return value
 
 
@@ -460,16 +501,28 @@ def _optional_object(value: dict, key: str, where: str, location: str) -> dict:
         return {}
     item = value[key]
     if not isinstance(item, dict):
-        _fail("invalid_type", f"{where} \"{key}\" is {_json_type(item)}; write a JSON object or leave it out.", _key_location(location, key))
+        _fail(
+            "invalid_type",
+            f"{where} \"{key}\" is {_json_type(item)}; write a JSON object or leave it out.",
+            _key_location(location, key),
+        )
     return item
 
 
 def _reference_id(value: Any, key: str, where: str, location: str) -> str:
     if isinstance(value, bool) or not isinstance(value, (str, int)):
-        _fail("invalid_reference", f"{where} \"{key}\" is {_json_type(value)}; write the ID as a string (or a positive integer).", location)
+        _fail(
+            "invalid_reference",
+            f"{where} \"{key}\" is {_json_type(value)}; write the ID as a string (or a positive integer).",
+            location,
+        )
     if isinstance(value, int):
         if value < 1:
-            _fail("invalid_reference", f"{where} \"{key}\" is {value}; IDs are positive integers or non-empty strings.", location)
+            _fail(
+                "invalid_reference",
+                f"{where} \"{key}\" is {value}; IDs are positive integers or non-empty strings.",
+                location,
+            )
         return str(value)
     if not value.strip() or len(value) > MAX_REFERENCE_ID_LENGTH or _CONTROL.search(value):
         _fail(
@@ -484,7 +537,12 @@ def _reference_id(value: Any, key: str, where: str, location: str) -> str:
 def _plain_text(value: Any, key: str, where: str, location: str, maximum: int, code: str) -> str:
     if not isinstance(value, str) or not value.strip() or len(value) > maximum or _CONTROL.search(value):
         shown = _show(value) if isinstance(value, str) else _json_type(value)
-        _fail(code, f"{where} \"{key}\" {shown} must be a non-empty string of at most {maximum} characters without control characters.", location)
+        _fail(
+            code,
+            f"{where} \"{key}\" {shown} must be a non-empty string of at most {maximum} characters without control "
+            "characters.",
+            location,
+        )
     return value
 
 
@@ -550,7 +608,11 @@ def _manifest_entries(text: str, manifest_path: str, max_files: int, already: in
     name = f"artifactsManifest {_show(manifest_path)}"
     limit = max_files * MAX_MANIFEST_LINE_BYTES
     if len(text) > limit:  # characters ≤ bytes, so this is a cheap first bound
-        _fail("manifest_too_large", f"The {name} is over {limit} bytes; list at most {max_files} files, one per line.", "artifactsManifest")
+        _fail(
+            "manifest_too_large",
+            f"The {name} is over {limit} bytes; list at most {max_files} files, one per line.",
+            "artifactsManifest",
+        )
     entries: list[tuple[Any, str, str]] = []
     for number, line in enumerate(text.split("\n"), start=1):
         if line.endswith("\r"):
@@ -563,11 +625,15 @@ def _manifest_entries(text: str, manifest_path: str, max_files: int, already: in
         if size > MAX_MANIFEST_LINE_BYTES:
             _fail(
                 "manifest_line_too_long",
-                f"The {name} line {number} is {size} bytes; each line may have at most {MAX_MANIFEST_LINE_BYTES} bytes — "
-                "write one {\"path\", \"sha256\", \"size\"} object per line with a shorter path.",
+                f"The {name} line {number} is {size} bytes; each line may have at most "
+                f"{MAX_MANIFEST_LINE_BYTES} bytes — write one {{\"path\", \"sha256\", \"size\"}} object per line "
+                "with a shorter path.",
                 location,
             )
-        hint = 'write exactly one JSON object per line, e.g. {"path": "a.wav", "sha256": "<64 hex digits>", "size": 1234}.'
+        hint = (
+            'write exactly one JSON object per line, e.g. {"path": "a.wav", "sha256": "<64 hex digits>", '
+            '"size": 1234}.'
+        )
         try:
             value = _loads(line, f"The {name} line {number}", hint)
         except ResultError as error:
@@ -582,7 +648,8 @@ def _manifest_entries(text: str, manifest_path: str, max_files: int, already: in
             _fail(
                 "too_many_files",
                 f"The declared artifacts exceed the limit of {max_files} files at {name} line {number}; write fewer "
-                "output files (e.g. pack small files into an archive) or raise MMT_WORKER_MAX_OUTPUT_FILES on the worker.",
+                "output files (e.g. pack small files into an archive) or raise MMT_WORKER_MAX_OUTPUT_FILES on "
+                "the worker.",
                 location,
             )
     return entries
@@ -615,7 +682,8 @@ def _metric(entry: Any, index: int) -> dict:
             )
         _fail(
             "invalid_metric_value",
-            f"{where} value {_show(value)} for {_show(name)} is a string; write the value as a JSON number without quotes.",
+            f"{where} value {_show(value)} for {_show(name)} is a string; write the value as a JSON number without "
+            "quotes.",
             f"{where}.value",
         )
     if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -646,7 +714,8 @@ def _metric(entry: Any, index: int) -> dict:
     if not 0 <= step <= MAX_METRIC_STEP:
         _fail(
             "invalid_step",
-            f"{where} step {step} for {_show(name)} is out of range; steps are whole numbers from 0 to {MAX_METRIC_STEP}.",
+            f"{where} step {step} for {_show(name)} is out of range; steps are whole numbers from 0 to "
+            f"{MAX_METRIC_STEP}.",
             f"{where}.step",
         )
     timestamp = entry.get("timestamp")
@@ -654,8 +723,8 @@ def _metric(entry: Any, index: int) -> dict:
         if not isinstance(timestamp, str) or not _ISO_DATETIME.fullmatch(timestamp) or not _valid_datetime(timestamp):
             _fail(
                 "invalid_timestamp",
-                f"{where} timestamp {_show(timestamp)} for {_show(name)} is not an ISO 8601 date-time with a time zone; "
-                "write e.g. \"2024-05-01T12:00:00Z\" or leave timestamp out.",
+                f"{where} timestamp {_show(timestamp)} for {_show(name)} is not an ISO 8601 date-time with a "
+                "time zone; write e.g. \"2024-05-01T12:00:00Z\" or leave timestamp out.",
                 f"{where}.timestamp",
             )
     return {"name": name, "value": number, "step": step, "timestamp": timestamp}
@@ -677,7 +746,13 @@ def _model(entry: Any, index: int, artifacts: dict[str, dict], directories: set[
     where = f"models[{index}]"
     entry = _require_object(entry, where, where, '{"path": "model/weights.bin"}')
     _reject_unknown_keys(entry, MODEL_KEYS, where, where)
-    path = _require_key(entry, "path", where, where, "write the path of the weights file, which must also be a declared artifact.")
+    path = _require_key(
+        entry,
+        "path",
+        where,
+        where,
+        "write the path of the weights file, which must also be a declared artifact.",
+    )
     path = _check_path(path, f"{where} path", location=f"{where}.path")
     if path not in artifacts:
         if path in directories:
@@ -693,14 +768,24 @@ def _model(entry: Any, index: int, artifacts: dict[str, dict], directories: set[
             f"{where}.path",
         )
     if path in seen:
-        _fail("duplicate_model", f"{where} declares {_show(path)} a second time; declare each model file once.", f"{where}.path")
+        _fail(
+            "duplicate_model",
+            f"{where} declares {_show(path)} a second time; declare each model file once.",
+            f"{where}.path",
+        )
     seen.add(path)
     model_id = None
     if "modelId" in entry:
         model_id = _reference_id(entry["modelId"], "modelId", where, f"{where}.modelId")
     metadata = _optional_object(entry, "metadata", where, where)
     artifact = artifacts[path]
-    return {"path": path, "model_id": model_id, "sha256": artifact["sha256"], "size": artifact["size"], "metadata": metadata}
+    return {
+        "path": path,
+        "model_id": model_id,
+        "sha256": artifact["sha256"],
+        "size": artifact["size"],
+        "metadata": metadata,
+    }
 
 
 def _path_digest(files: list[dict]) -> str:
@@ -714,7 +799,13 @@ def _dataset(entry: Any, index: int, artifacts: dict[str, dict], ordered_paths: 
     where = f"datasets[{index}]"
     entry = _require_object(entry, where, where, '{"datasetId": "<dataset ID>", "path": "prepared"}')
     _reject_unknown_keys(entry, DATASET_KEYS, where, where)
-    dataset_id = _require_key(entry, "datasetId", where, where, "write the ID of the dataset that receives this version.")
+    dataset_id = _require_key(
+        entry,
+        "datasetId",
+        where,
+        where,
+        "write the ID of the dataset that receives this version.",
+    )
     dataset_id = _reference_id(dataset_id, "datasetId", where, f"{where}.datasetId")
     has_path, has_uri = "path" in entry, "uri" in entry
     if has_path == has_uri:
@@ -729,11 +820,20 @@ def _dataset(entry: Any, index: int, artifacts: dict[str, dict], ordered_paths: 
     if has_uri:
         uri = _plain_text(entry["uri"], "uri", where, f"{where}.uri", MAX_URI_LENGTH, "invalid_uri")
         if "digest" not in entry:
-            _fail("missing_digest", f"{where} names the uri {_show(uri)} without a \"digest\"; a dataset given by uri needs its digest.", f"{where}.digest")
+            _fail(
+                "missing_digest",
+                f"{where} names the uri {_show(uri)} without a \"digest\"; a dataset given by uri needs its digest.",
+                f"{where}.digest",
+            )
         digest = _plain_text(entry["digest"], "digest", where, f"{where}.digest", MAX_DIGEST_LENGTH, "invalid_digest")
         key = (dataset_id, "uri", uri)
         if key in seen:
-            _fail("duplicate_dataset", f"{where} declares the uri {_show(uri)} for dataset {_show(dataset_id)} a second time; declare it once.", where)
+            _fail(
+                "duplicate_dataset",
+                f"{where} declares the uri {_show(uri)} for dataset {_show(dataset_id)} a second time; declare it "
+                "once.",
+                where,
+            )
         seen.add(key)
         return {
             "dataset_id": dataset_id, "source": "uri", "path": None, "uri": uri, "is_directory": False,
@@ -742,7 +842,8 @@ def _dataset(entry: Any, index: int, artifacts: dict[str, dict], ordered_paths: 
     if "digest" in entry:
         _fail(
             "digest_not_allowed",
-            f"{where} has a \"digest\" next to \"path\"; remove it — the server computes the digest of output files itself.",
+            f"{where} has a \"digest\" next to \"path\"; remove it — the server computes the digest of output files "
+            "itself.",
             f"{where}.digest",
         )
     path = _check_path(entry["path"], f"{where} path", location=f"{where}.path", allow_trailing_slash=True)
@@ -760,8 +861,8 @@ def _dataset(entry: Any, index: int, artifacts: dict[str, dict], ordered_paths: 
         if not files:
             _fail(
                 "undeclared_dataset_path",
-                f"{where} path {_show(path)} is neither a declared artifact nor a directory holding declared artifacts; "
-                "declare the files (in artifacts or the manifest) or fix the path.",
+                f"{where} path {_show(path)} is neither a declared artifact nor a directory holding declared "
+                "artifacts; declare the files (in artifacts or the manifest) or fix the path.",
                 f"{where}.path",
             )
         if len(files) > MAX_DATASET_DIRECTORY_FILES:
@@ -774,7 +875,11 @@ def _dataset(entry: Any, index: int, artifacts: dict[str, dict], ordered_paths: 
         is_directory = True
     key = (dataset_id, "path", path)
     if key in seen:
-        _fail("duplicate_dataset", f"{where} declares {_show(path)} for dataset {_show(dataset_id)} a second time; declare it once.", f"{where}.path")
+        _fail(
+            "duplicate_dataset",
+            f"{where} declares {_show(path)} for dataset {_show(dataset_id)} a second time; declare it once.",
+            f"{where}.path",
+        )
     seen.add(key)
     files.sort(key=lambda item: item["path"])
     return {
@@ -789,20 +894,30 @@ def _dataset(entry: Any, index: int, artifacts: dict[str, dict], ordered_paths: 
 
 def _header(result: Any) -> int:
     if not isinstance(result, dict):
-        _fail("not_an_object", f"result.json holds {_json_type(result)}; it must be one JSON object such as {{\"version\": 2, \"complete\": true}}.")
+        _fail(
+            "not_an_object",
+            f"result.json holds {_json_type(result)}; it must be one JSON object such as {{\"version\": 2, "
+            f"\"complete\": true}}.",
+        )
     if "version" not in result:
         _fail("missing_key", "result.json has no \"version\"; write \"version\": 2 (or 1).", "version")
     version = result["version"]
     if isinstance(version, bool) or not isinstance(version, int) or version not in VERSION_KEYS:
         _fail(
             "unsupported_version",
-            f"result.json \"version\" is {_show(version)}; write the integer 1 or 2 (2 for artifactsManifest, models and datasets).",
+            f"result.json \"version\" is {_show(version)}; write the integer 1 or 2 (2 for artifactsManifest, models "
+            "and datasets).",
             "version",
         )
     for key in result:
         if key not in VERSION_KEYS[version]:
             if version == 1 and key in VERSION_KEYS[2]:
-                _fail("unknown_key", f"result.json version 1 has the key {_show(key)}, which exists only in version 2; write \"version\": 2 or remove it.", key)
+                _fail(
+                    "unknown_key",
+                    f"result.json version 1 has the key {_show(key)}, which exists only in version 2; write "
+                    "\"version\": 2 or remove it.",
+                    key,
+                )
             _fail(
                 "unknown_key",
                 f"result.json has the unknown key {_show(key)}; remove it (allowed keys in version {version}: "
@@ -810,7 +925,11 @@ def _header(result: Any) -> int:
                 _key_location("", key),
             )
     if "complete" not in result:
-        _fail("missing_key", "result.json has no \"complete\"; write \"complete\": true once every output file has been written.", "complete")
+        _fail(
+            "missing_key",
+            "result.json has no \"complete\"; write \"complete\": true once every output file has been written.",
+            "complete",
+        )
     if result["complete"] is not True:
         _fail(
             "not_complete",
@@ -830,11 +949,18 @@ def _present_files(files: Iterable[OutputFile]) -> tuple[dict[str, OutputFile], 
             raise TypeError("validate_result() takes a list of OutputFile")
         where = "The output file"
         if entry.kind not in FILE_KINDS:
-            _fail("invalid_file_list", f"The worker reported {_show(entry.path)} with the unknown kind {_show(entry.kind)}; expected one of {', '.join(FILE_KINDS)}.")
+            _fail(
+                "invalid_file_list",
+                f"The worker reported {_show(entry.path)} with the unknown kind {_show(entry.kind)}; expected one of "
+                f"{', '.join(FILE_KINDS)}.",
+            )
         is_dir = entry.kind == "dir"
         path = _check_path(entry.path, where, location=None, allow_trailing_slash=is_dir, is_file=not is_dir)
         if path in seen:
-            _fail("duplicate_output_entry", f"The worker reported {_show(path)} twice in the outputs file list; each path must appear once.")
+            _fail(
+                "duplicate_output_entry",
+                f"The worker reported {_show(path)} twice in the outputs file list; each path must appear once.",
+            )
         seen.add(path)
         if entry.kind == "symlink":
             _fail(
@@ -851,6 +977,14 @@ def _present_files(files: Iterable[OutputFile]) -> tuple[dict[str, OutputFile], 
         if entry.kind == "dir":
             directories.add(path)
             continue
+        if isinstance(entry.size, bool) or not isinstance(entry.size, int) or entry.size < 0 or not (
+            isinstance(entry.sha256, str) and _SHA256.fullmatch(entry.sha256)
+        ):
+            _fail(
+                "invalid_file_list",
+                f"The worker reported {_show(path)} without a byte size and a 64-digit sha256; report every regular "
+                "file as {path, size, sha256, kind}.",
+            )
         present[path] = entry
     return present, directories
 
@@ -859,17 +993,32 @@ def validate_result(
     result: dict,
     files: list[OutputFile],
     *,
-    manifest_text: str | None = None,
+    manifest_text: str | None = None,  # bytes are accepted too and decoded as strict UTF-8
     max_files: int = DEFAULT_MAX_OUTPUT_FILES,
 ) -> ValidatedResult:
     """Check a parsed ``result.json`` against the outputs directory; raise :class:`ResultError`."""
+    if isinstance(max_files, bool) or not isinstance(max_files, int) or max_files < 1:
+        raise ValueError("max_files must be a positive integer")
+    if isinstance(manifest_text, (bytes, bytearray)):
+        manifest_text = decode_manifest(bytes(manifest_text), max_files=max_files)
+    elif manifest_text is not None and not isinstance(manifest_text, str):
+        _fail("invalid_type", "The artifacts manifest must be sent as text (the file's UTF-8 content).")
     version = _header(result)
 
     manifest_path = None
     if "artifactsManifest" in result:
-        manifest_path = _check_path(result["artifactsManifest"], "result.json artifactsManifest", location="artifactsManifest")
+        manifest_path = _check_path(
+            result["artifactsManifest"],
+            "result.json artifactsManifest",
+            location="artifactsManifest",
+        )
         if manifest_path == RESULT_FILENAME:
-            _fail("reserved_path", "result.json artifactsManifest points at result.json itself; write the list to a separate file such as \"artifacts.jsonl\".", "artifactsManifest")
+            _fail(
+                "reserved_path",
+                "result.json artifactsManifest points at result.json itself; write the list to a separate file such "
+                "as \"artifacts.jsonl\".",
+                "artifactsManifest",
+            )
     reserved = {RESULT_FILENAME: "result.json itself"}
     if manifest_path:
         reserved[manifest_path] = "the artifactsManifest file"
@@ -884,19 +1033,46 @@ def validate_result(
         )
 
     # Declared artifacts: the list first, then the manifest's lines.
-    listed = _require_list(result, "artifacts", '[{"path": "model/weights.bin", "sha256": "<64 hex digits>", "size": 1048576}]')
+    listed = _require_list(
+        result,
+        "artifacts",
+        '[{"path": "model/weights.bin", "sha256": "<64 hex digits>", "size": 1048576}]',
+    )
     if len(listed) > max_files:
-        _fail("too_many_files", f"result.json declares {len(listed)} artifacts; the limit is {max_files} files.", "artifacts")
-    candidates: list[tuple[Any, str, str]] = [(item, f"artifacts[{i}]", f"artifacts[{i}]") for i, item in enumerate(listed)]
+        _fail(
+            "too_many_files",
+            f"result.json declares {len(listed)} artifacts; the limit is {max_files} files.",
+            "artifacts",
+        )
+    candidates: list[tuple[Any, str, str]] = [
+        (item, f"artifacts[{i}]", f"artifacts[{i}]") for i, item in enumerate(listed)
+    ]
     metrics_raw = _require_list(result, "metrics", '[{"name": "train.loss", "value": 0.12, "step": 100}]')
-    models_raw = _require_list(result, "models", '[{"path": "model/weights.bin"}]') if version == 2 else []
-    datasets_raw = _require_list(result, "datasets", '[{"datasetId": "<dataset ID>", "path": "prepared"}]') if version == 2 else []
+    models_raw: list = []
+    datasets_raw: list = []
+    if version == 2:
+        models_raw = _require_list(result, "models", '[{"path": "model/weights.bin"}]')
+        datasets_raw = _require_list(result, "datasets", '[{"datasetId": "<dataset ID>", "path": "prepared"}]')
     if len(metrics_raw) > MAX_METRIC_POINTS:
-        _fail("too_many_metrics", f"result.json has {len(metrics_raw)} metric points; the limit is {MAX_METRIC_POINTS} — log the rest from the code with the SDK, or keep fewer points.", "metrics")
+        _fail(
+            "too_many_metrics",
+            f"result.json has {len(metrics_raw)} metric points; the limit is {MAX_METRIC_POINTS} — log the rest from "
+            "the code with the SDK, or keep fewer points.",
+            "metrics",
+        )
     if len(models_raw) > MAX_MODELS:
-        _fail("too_many_models", f"result.json declares {len(models_raw)} models; the limit is {MAX_MODELS} per run — declare fewer.", "models")
+        _fail(
+            "too_many_models",
+            f"result.json declares {len(models_raw)} models; the limit is {MAX_MODELS} per run — declare fewer.",
+            "models",
+        )
     if len(datasets_raw) > MAX_DATASETS:
-        _fail("too_many_datasets", f"result.json declares {len(datasets_raw)} datasets; the limit is {MAX_DATASETS} per run — declare fewer (a directory path makes one version of many files).", "datasets")
+        _fail(
+            "too_many_datasets",
+            f"result.json declares {len(datasets_raw)} datasets; the limit is {MAX_DATASETS} per run — declare fewer "
+            "(a directory path makes one version of many files).",
+            "datasets",
+        )
 
     if manifest_path:
         manifest_file = present.get(manifest_path)
@@ -908,9 +1084,20 @@ def validate_result(
                 "artifactsManifest",
             )
         if manifest_text is None:
-            _fail("manifest_unavailable", f"The text of the artifactsManifest {_show(manifest_path)} was not received; the worker must send it with result.json.", "artifactsManifest")
-        if manifest_file.sha256 and hashlib.sha256(manifest_text.encode("utf-8")).hexdigest() != manifest_file.sha256.lower():
-            _fail("manifest_mismatch", f"The text received for the artifactsManifest {_show(manifest_path)} does not match the file's sha256; the manifest changed while it was read — write it completely before result.json.", "artifactsManifest")
+            _fail(
+                "manifest_unavailable",
+                f"The text of the artifactsManifest {_show(manifest_path)} was not received; the worker must send it "
+                "with result.json.",
+                "artifactsManifest",
+            )
+        received = hashlib.sha256(manifest_text.encode("utf-8")).hexdigest()
+        if received != manifest_file.sha256.lower():
+            _fail(
+                "manifest_mismatch",
+                f"The text received for the artifactsManifest {_show(manifest_path)} does not match the file's "
+                "sha256; the manifest changed while it was read — write it completely before result.json.",
+                "artifactsManifest",
+            )
         candidates.extend(_manifest_entries(manifest_text, manifest_path, max_files, len(candidates)))
 
     artifacts: list[dict] = []
@@ -918,7 +1105,12 @@ def validate_result(
     for entry, where, location in candidates:
         artifact = _artifact(entry, where, location, reserved)
         if artifact["path"] in by_path:
-            _fail("duplicate_path", f"{where} declares {_show(artifact['path'])} again; each file may be declared once — remove the duplicate.", _key_location(location, "path"))
+            _fail(
+                "duplicate_path",
+                f"{where} declares {_show(artifact['path'])} again; each file may be declared once — remove the "
+                "duplicate.",
+                _key_location(location, "path"),
+            )
         by_path[artifact["path"]] = artifact
         artifacts.append(artifact)
 
@@ -929,14 +1121,15 @@ def validate_result(
             what = "a directory" if path in directories else "not in the outputs directory"
             _fail(
                 "missing_file",
-                f"{where} declares {_show(path)}, which is {what}; write the file before result.json, or remove the entry.",
+                f"{where} declares {_show(path)}, which is {what}; write the file before result.json, or remove the "
+                "entry.",
                 _key_location(location, "path"),
             )
         if actual.size != artifact["size"]:
             _fail(
                 "size_mismatch",
-                f"{where} declares {_show(path)} with size {artifact['size']} but the file has {actual.size} bytes; write "
-                "result.json after the file is complete, with its real size.",
+                f"{where} declares {_show(path)} with size {artifact['size']} but the file has {actual.size} "
+                "bytes; write result.json after the file is complete, with its real size.",
                 _key_location(location, "size"),
             )
         if actual.sha256.lower() != artifact["sha256"]:
