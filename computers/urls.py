@@ -1,1 +1,20 @@
-urlpatterns: list = []
+"""HTML routes of Computers under Global settings; included at the root by mado/urls.py."""
+from django.urls import path
+
+from computers import views
+
+urlpatterns = [
+    path("settings/computers/", views.computer_list, name="computers"),
+    path("settings/computers/new", views.computer_add, name="computer-add"),
+    path("settings/computers/worker-candidates", views.worker_candidates, name="computer-worker-candidates"),
+    path("settings/computers/<int:pk>/", views.computer_detail, name="computer-detail"),
+    path("settings/computers/<int:pk>/connection", views.computer_connection, name="computer-connection"),
+    path("settings/computers/<int:pk>/settings", views.computer_settings, name="computer-settings"),
+    path("settings/computers/<int:pk>/edit", views.computer_edit, name="computer-edit"),
+    path("settings/computers/<int:pk>/enabled", views.computer_set_enabled, name="computer-enabled"),
+    path("settings/computers/<int:pk>/checks", views.computer_check_request, name="computer-check-request"),
+    path("settings/computers/<int:pk>/checks/<int:check_id>", views.computer_check_status,
+         name="computer-check-status"),
+    path("settings/computers/<int:pk>/suggested", views.computer_apply_suggested, name="computer-apply-suggested"),
+    path("settings/computers/<int:pk>/paths", views.computer_path_assist, name="computer-path-assist"),
+]

@@ -1,0 +1,24 @@
+"""The project's Compute page: the computers usable in the project (read only) and its Workers."""
+from __future__ import annotations
+
+from django.contrib.auth.decorators import login_required
+from django.shortcuts import render
+from django.views.decorators.http import require_GET
+
+from computers import access as computer_access
+from mado import access
+from workers.models import Worker
+
+
+@login_required
+@require_GET
+def project_compute(request, project):
+    """Viewers and above. Computers: Public ones and the viewer's own Private ones (computers.access)."""
+    project = access.project_for_user(request.user, project)
+    computers = list(computer_access.usable_by(request.user).select_related("owner"))
+    workers = list(Worker.objects.filter(project=project).order_by("worker_id", "-last_seen_at"))
+    return render(request, "workers/project_compute.html", {
+        "project": project,
+        "computers": computers,
+        "workers": workers,
+    })
