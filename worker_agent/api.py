@@ -10,8 +10,9 @@ import logging
 import random
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import requests
 
@@ -85,6 +86,12 @@ class ApiClient:
         if session is not None:
             session.close()
             self._local.session = None
+
+    def __enter__(self) -> ApiClient:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     def _interruptible_sleep(self, seconds: float) -> None:
         if self._stop is not None:

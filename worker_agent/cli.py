@@ -15,12 +15,19 @@ from pathlib import Path
 import click
 
 from worker_agent import __version__
-from worker_agent.api import ApiClient, ApiError, FatalApiError
-from worker_agent.config import (ConfigError, WorkerConfig, parse_target_ids, read_token_file, validate_api_url,
-                                 validate_token, validate_worker_id)
 from worker_agent import install as inst
+from worker_agent.api import ApiClient, ApiError, FatalApiError
+from worker_agent.config import (
+    ConfigError,
+    WorkerConfig,
+    parse_target_ids,
+    read_token_file,
+    validate_api_url,
+    validate_token,
+    validate_worker_id,
+)
 from worker_agent.doctor import run_doctor
-from worker_agent.journal import LockHeld, StateDir, StateDirError, is_locked, lock_holder
+from worker_agent.journal import StateDir, StateDirError, is_locked, lock_holder
 from worker_agent.text import mask_tokens
 
 EXIT_STOPPED = 3
@@ -110,9 +117,9 @@ def _read_token(token_file: str | None) -> str:
 def _verify_token(api_url: str, token: str) -> str | None:
     """None when the server accepts the token for a worker; a warning when it cannot be asked now.
     Raises ConfigError when the server says the token cannot work."""
-    client = ApiClient(api_url, token, attempts=1)
     try:
-        info = client.token_info()
+        with ApiClient(api_url, token, attempts=1) as client:
+            info = client.token_info()
     except FatalApiError:
         raise ConfigError("The API server rejects this token (401): it is unknown, expired or revoked, or its service "
                           "account is disabled. Issue a new worker token and run install again.") from None
@@ -123,8 +130,8 @@ def _verify_token(api_url: str, token: str) -> str | None:
         raise ConfigError("This is a job token: issue a worker token for a service account instead.")
     missing = [s for s in ("read", "worker:execute") if s not in (info.get("scopes") or [])]
     if missing:
-        raise ConfigError(f"This token lacks the scope(s) {', '.join(missing)}. Issue a token for an admin-role service "
-                          "account with read, worker:execute and artifacts:write.")
+        raise ConfigError(f"This token lacks the scope(s) {', '.join(missing)}. Issue a token for an admin-role "
+                          "service account with read, worker:execute and artifacts:write.")
     return None
 
 

@@ -13,6 +13,7 @@ from urllib.parse import urlsplit
 WORKER_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 TOKEN_RE = re.compile(r"mmt_[A-Za-z0-9_\-]{16,200}")
 DEFAULT_PARALLEL_JOBS = 2
+DEFAULT_CLAIM_WAIT = 20
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
 
@@ -73,8 +74,8 @@ def validate_token(value: str) -> str:
         raise ConfigError("This is a job token (mmtj_…), which works only for one running job. Issue a worker token "
                           "for a service account in Project settings → Service Accounts.")
     if not TOKEN_RE.fullmatch(value):
-        raise ConfigError("The worker token is not valid: it starts with mmt_ followed by letters, digits, '-' and '_'. "
-                          "Copy it again from the page that showed it once, or issue a new one.")
+        raise ConfigError("The worker token is not valid: it starts with mmt_ followed by letters, digits, '-' and "
+                          "'_'. Copy it again from the page that showed it once, or issue a new one.")
     return value
 
 
@@ -130,9 +131,10 @@ class WorkerConfig:
     ssh_dirs: list[Path] = field(default_factory=list)
     hostname: str = field(default_factory=socket.gethostname)
     allow_local: bool = False
+    claim_wait: int = DEFAULT_CLAIM_WAIT
 
     @classmethod
-    def from_env(cls, env: dict[str, str] | None = None) -> "WorkerConfig":
+    def from_env(cls, env: dict[str, str] | None = None) -> WorkerConfig:
         env = dict(os.environ if env is None else env)
         missing = [name for name in ("MMT_API_URL", "MMT_WORKER_ID") if not env.get(name, "").strip()]
         if not env.get("MMT_API_TOKEN", "").strip() and not env.get("MMT_API_TOKEN_FILE", "").strip():
@@ -161,6 +163,14 @@ class WorkerConfig:
             parallel = 0
         if not 1 <= parallel <= 128:
             raise ConfigError(f"MMT_WORKER_PARALLEL_JOBS must be a whole number from 1 to 128 (got {raw_parallel!r}).")
+        raw_wait = env.get("MMT_WORKER_CLAIM_WAIT", "").strip()
+        try:
+            claim_wait = int(raw_wait) if raw_wait else DEFAULT_CLAIM_WAIT
+        except ValueError:
+            claim_wait = -1
+        if not 1 <= claim_wait <= 30:
+            raise ConfigError("MMT_WORKER_CLAIM_WAIT is the long-poll length in seconds, from 1 to 30 "
+                              f"(got {raw_wait!r}).")
         ssh_dirs = [home() / ".ssh"]
         extra = env.get("MMT_WORKER_SSH_DIR", "").strip()
         if extra:
@@ -173,4 +183,4 @@ class WorkerConfig:
         allow_local = parse_bool("MADO_DEV_MODE", env.get("MADO_DEV_MODE")) and \
             parse_bool("MMT_ALLOW_LOCAL_EXECUTOR", env.get("MMT_ALLOW_LOCAL_EXECUTOR"))
         return cls(api_url=api_url, token=token, worker_id=worker_id, state_dir=state_dir, target_ids=target_ids,
-                   parallel_jobs=parallel, ssh_dirs=ssh_dirs, allow_local=allow_local)
+                   parallel_jobs=parallel, ssh_dirs=ssh_dirs, allow_local=allow_local, claim_wait=claim_wait)

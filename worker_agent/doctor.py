@@ -5,13 +5,12 @@ from __future__ import annotations
 import os
 import stat
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from worker_agent.api import ApiClient, ApiError, FatalApiError
 from worker_agent.candidates import scan
-from worker_agent.config import (ConfigError, default_state_dir, home, read_token_file, validate_api_url,
-                                 validate_token)
+from worker_agent.config import ConfigError, default_state_dir, home, read_token_file, validate_api_url, validate_token
 from worker_agent.install import Layout, parse_env_file, state_dir_of
 from worker_agent.journal import check_state_dir
 
@@ -64,7 +63,11 @@ def check_env_file(report: Report, env_file: Path) -> dict[str, str]:
 
 
 def check_api(report: Report, api_url: str, token: str) -> None:
-    client = ApiClient(api_url, token, attempts=1)
+    with ApiClient(api_url, token, attempts=1) as client:
+        _check_api(report, client, api_url, token)
+
+
+def _check_api(report: Report, client: ApiClient, api_url: str, token: str) -> None:
     try:
         health = client.health()
         report.ok(f"API {api_url} answers (version {health.get('version', '?')})")
@@ -100,7 +103,7 @@ def check_api(report: Report, api_url: str, token: str) -> None:
     if expires:
         try:
             when = datetime.fromisoformat(str(expires).replace("Z", "+00:00"))
-            if when - datetime.now(timezone.utc) < timedelta(days=14):
+            if when - datetime.now(UTC) < timedelta(days=14):
                 report.warn(f"The token expires at {expires}: issue a new one and run install again before then.")
         except ValueError:
             pass
@@ -135,8 +138,8 @@ def check_ssh(report: Report, ssh_dirs: list[Path], keys: list[str], known_hosts
         if Path(path).is_file():
             report.ok(f"known_hosts {path}")
         else:
-            report.error(f"The known_hosts file {path} does not exist: create it with ssh-keyscan -p PORT HOST > {path} "
-                         "and compare the fingerprint with the target's.")
+            report.error(f"The known_hosts file {path} does not exist: create it with ssh-keyscan -p PORT HOST > "
+                         f"{path} and compare the fingerprint with the target's.")
     if not known_hosts:
         if found.known_hosts:
             report.ok(f"known_hosts found: {', '.join(found.known_hosts[:5])}")

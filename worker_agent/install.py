@@ -127,7 +127,7 @@ def check_env_value(name: str, value: str) -> str:
 
 
 def render_env(*, api_url: str, worker_id: str, target_ids: str, state_dir: str, token: str) -> str:
-    values = dict(zip(ENV_KEYS, (api_url, worker_id, target_ids, state_dir, token)))
+    values = dict(zip(ENV_KEYS, (api_url, worker_id, target_ids, state_dir, token), strict=True))
     for name, value in values.items():
         check_env_value(name, value)
     lines = [

@@ -4,14 +4,14 @@ Three threads: presence (`worker/hello` at start and every `hello_interval_secon
 key candidates each time), checks and reads (each a long-poll claim → handle → complete, so a read
 queued while the worker waits is answered as soon as the server wakes the poll). Network trouble is
 retried with backoff and never stops the worker; 401/403 stop it with a sentence saying which token
-or scope is wrong. SIGTERM stops claiming and exits after the item in hand is done (at most a grace
-period), leaving nothing half-reported that the server would not expire by itself."""
+or scope is wrong. SIGTERM stops claiming and exits once the item in hand is reported (at most a grace period)."""
 from __future__ import annotations
 
 import logging
 import signal
 import threading
-from typing import Callable
+import time
+from collections.abc import Callable
 
 from worker_agent import __version__
 from worker_agent.api import ApiClient, ApiError, ApiUnavailable, Backoff, FatalApiError
@@ -25,22 +25,21 @@ log = logging.getLogger("mado.worker")
 
 CAPABILITIES = ["checks", "reads", "key_candidates"]
 HELLO_INTERVAL = 60.0
-CLAIM_WAIT = 20
 STOP_GRACE = 15.0
 
 
 class Worker:
-    def __init__(self, config: WorkerConfig, *, api: ApiClient | None = None, pool: ConnectionPool | None = None,
-                 claim_wait: int = CLAIM_WAIT):
+    def __init__(self, config: WorkerConfig, *, api: ApiClient | None = None, pool: ConnectionPool | None = None):
         self.config = config
         self.stop_event = threading.Event()
         self.api = api or ApiClient(config.api_url, config.token, stop=self.stop_event)
         self.pool = pool or ConnectionPool(allow_local=config.allow_local)
-        self.claim_wait = claim_wait
+        self.claim_wait = config.claim_wait
         self.hello_interval = HELLO_INTERVAL
         self.fatal: FatalApiError | None = None
         self._backoff = Backoff(base=1.0, cap=60.0)
-        self._busy = threading.Lock()
+        self._handling = 0
+        self._handling_lock = threading.Lock()
 
     # -- presence ------------------------------------------------------------------------------
 
@@ -69,7 +68,8 @@ class Worker:
     def handle_check(self, item: dict) -> None:
         computer = item.get("computer") or {}
         log.info("checking computer %s (%s), check %s", computer.get("id"), computer.get("name"), item.get("id"))
-        status, result = run_check(computer, self.pool, api_url=item.get("api_url") or self.config.api_url)
+        # The API item tests the worker's own MMT_API_URL: that is the address jobs on this target get.
+        status, result = run_check(computer, self.pool, api_url=self.config.api_url or item.get("api_url") or "")
         failed = [i["key"] for i in result["items"] if i["status"] == "failed"]
         log.info("check %s %s%s", item.get("id"), status, f" (failed: {', '.join(failed)})" if failed else "")
         self._complete("check", item, lambda: self.api.complete_check(
@@ -119,7 +119,13 @@ class Worker:
                 failures = 0
                 if item is None:
                     continue
-                handle(item)  # even when stopping: the item is ours now, report it
+                with self._handling_lock:
+                    self._handling += 1
+                try:
+                    handle(item)  # even when stopping: the item is ours now, report it
+                finally:
+                    with self._handling_lock:
+                        self._handling -= 1
             except FatalApiError as exc:
                 return self._fail(exc)
             except ApiError as exc:
@@ -164,10 +170,12 @@ class Worker:
             thread.start()
         while not self.stop_event.wait(1.0):
             self.pool.prune()
-        # Threads blocked in a long-poll return by themselves; a check or read in hand gets a grace
-        # period to be reported.
-        for thread in threads:
-            thread.join(timeout=STOP_GRACE / len(threads))
+        # A check or read in hand gets a grace period to be reported. Threads waiting in a long-poll
+        # hold nothing: they are daemons and end with the process. (Were an item handed out in that
+        # very moment, the server returns it again to this worker id on its next claim.)
+        deadline = time.monotonic() + STOP_GRACE
+        while self._handling and time.monotonic() < deadline:
+            time.sleep(0.05)
         self.pool.close_all()
         log.info("worker %s stopped", self.config.worker_id)
         return 1 if self.fatal else 0

@@ -39,7 +39,7 @@ def _scrub(value, secrets: tuple[str, ...]):
         return None if any(s and s in value for s in secrets) else value
     if isinstance(value, list):
         kept = [_scrub(v, secrets) for v in value]
-        return [v for v, orig in zip(kept, value) if not (v is None and orig is not None)]
+        return [v for v, orig in zip(kept, value, strict=True) if not (v is None and orig is not None)]
     if isinstance(value, dict):
         out = {}
         for k, v in value.items():

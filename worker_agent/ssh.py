@@ -45,7 +45,7 @@ class Target:
     known_hosts_path: str = ""
 
     @classmethod
-    def from_api(cls, data: dict) -> "Target":
+    def from_api(cls, data: dict) -> Target:
         try:
             port = int(data.get("port") or 22)
         except (TypeError, ValueError):
@@ -176,7 +176,7 @@ def _open_socket(target: Target, timeout: float) -> socket.socket:
     except ConnectionRefusedError:
         raise ConnectError("ssh_failed", f"The connection to {where} was refused: check the host and port, and that "
                                          "sshd runs on the target.") from None
-    except (socket.timeout, TimeoutError):
+    except TimeoutError:
         raise ConnectError("ssh_failed", f"No answer from {where} within {timeout:.0f} s: check the host, the port "
                                          "and any firewall between the worker and the target.") from None
     except OSError as exc:
@@ -214,7 +214,7 @@ class Connection:
         transport = self._client.get_transport() if self._client else None
         return bool(transport and transport.is_active())
 
-    def open(self) -> "Connection":
+    def open(self) -> Connection:
         with self._lock:
             if not self.is_open:
                 self._connect()
@@ -362,7 +362,7 @@ class LocalConnection:
 
     is_open = True
 
-    def open(self) -> "LocalConnection":
+    def open(self) -> LocalConnection:
         return self
 
     def close(self) -> None:

@@ -40,8 +40,8 @@ def test_candidates_follow_the_naming_rules(tmp_path):
     touch(extra / "sub" / "id_nested", 0o600)
 
     found = scan([ssh, extra])
-    assert found.ssh_keys == [str(ssh / n) for n in ("deploy.key", "id_ed25519", "id_rsa", "mmt_worker", "server.pem")] \
-        + [str(extra / "lab.pem")]
+    keys = ("deploy.key", "id_ed25519", "id_rsa", "mmt_worker", "server.pem")
+    assert found.ssh_keys == [str(ssh / n) for n in keys] + [str(extra / "lab.pem")]
     assert found.known_hosts == [str(ssh / "known_hosts"), str(ssh / "known_hosts_lab"), str(extra / "known_hosts.gpu")]
     assert all(os.path.isabs(p) for p in found.ssh_keys + found.known_hosts)
 

@@ -156,7 +156,8 @@ def test_install_reports_a_failing_enable(isolated_home):
     runner = FakeRunner({("systemctl", "--user", "enable"): (1, "", "Failed to connect to bus: No medium found")})
     result = invoke(["install", "--api-url", UNREACHABLE, "--worker-id", "w1"], runner, input=TOKEN)
     assert result.exit_code == 1
-    assert "Failed to connect to bus" in result.stderr and "journalctl --user -u mado-tracking-worker@w1" in result.stderr
+    assert "Failed to connect to bus" in result.stderr
+    assert "journalctl --user -u mado-tracking-worker@w1" in result.stderr
 
 
 def test_system_install_writes_root_files_and_a_state_dir_owned_by_the_service_user(tmp_path, monkeypatch,
@@ -269,17 +270,20 @@ def test_upgrade_errors_say_what_to_do(installed, args, message):
 # -- status ------------------------------------------------------------------------------------------
 
 def test_status_is_0_when_active_and_3_when_stopped(installed):
-    active = FakeRunner({("systemctl",): (0, "LoadState=loaded\nActiveState=active\nSubState=running\nMainPID=42\n", "")})
+    show = "LoadState=loaded\nActiveState=active\nSubState=running\nMainPID=42\n"
+    active = FakeRunner({("systemctl",): (0, show, "")})
     result = invoke(["status", "--worker-id", "w1"], active)
     assert result.exit_code == 0
-    assert "mado-tracking-worker@w1.service: active (running)" in result.output and "jobs:       0 retained" in result.output
+    assert "mado-tracking-worker@w1.service: active (running)" in result.output
+    assert "jobs:       0 retained" in result.output
     assert active.calls == [["systemctl", "--user", "show", "mado-tracking-worker@w1.service",
                              "--property=LoadState,ActiveState,SubState,MainPID"]]
 
     stopped = FakeRunner({("systemctl",): (0, "LoadState=loaded\nActiveState=inactive\nSubState=dead\n", "")})
     result = invoke(["status", "--worker-id", "w1"], stopped)
     assert result.exit_code == 3
-    assert "The worker is stopped. Start it with: systemctl --user start mado-tracking-worker@w1.service" in result.output
+    hint = "The worker is stopped. Start it with: systemctl --user start mado-tracking-worker@w1.service"
+    assert hint in result.output
 
 
 def test_status_sees_a_worker_started_by_hand_and_prints_json(installed):

@@ -117,7 +117,7 @@ def start_sshd() -> Sshd:
         except OSError:
             if time.monotonic() > deadline:
                 process.kill()
-                raise RuntimeError("sshd did not listen within 10 s")
+                raise RuntimeError("sshd did not listen within 10 s") from None
             time.sleep(0.02)
     scan = subprocess.run(["ssh-keyscan", "-t", "ed25519", "-p", str(port), "127.0.0.1"], capture_output=True,
                           text=True, timeout=10, check=True)
