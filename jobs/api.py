@@ -6,8 +6,10 @@ from rest_framework import exceptions
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from jobs import access, services
-from jobs.serializers import job_body, log_body, metric_body
+from django.http import FileResponse
+
+from jobs import access, outputs, services
+from jobs.serializers import artifact_body, job_body, log_body, metric_body
 from mado.api.views import project_for
 from mado.choices import Role, Scope
 from mado.services import Actor
@@ -118,5 +120,29 @@ class JobArtifactsView(APIView):
     @extend_schema(responses=OpenApiTypes.OBJECT)
     def get(self, request, pk):
         job = _job(request, pk)
-        return Response({"items": [{"path": a.path, "size": a.size, "sha256": a.sha256, "mime_type": a.mime_type,
-                                    "complete": a.complete} for a in job.artifacts.all()], "next": None})
+        return Response({"items": [artifact_body(a) for a in job.artifacts.all()], "next": None})
+
+
+class JobArtifactDownloadView(APIView):
+    @extend_schema(operation_id="jobs_artifact_download",
+                   responses={(200, "application/octet-stream"): OpenApiTypes.BINARY})
+    def get(self, request, pk, path):
+        job = _job(request, pk)
+        artifact = job.artifacts.filter(path=path, complete=True).first()
+        if artifact is None:
+            raise exceptions.NotFound(f"No uploaded artifact {path} in this job.")
+        return FileResponse(artifact.file.open("rb"), as_attachment=True, filename=path.rsplit("/", 1)[-1],
+                            content_type=artifact.mime_type or "application/octet-stream")
+
+
+class SourceUploadView(APIView):
+    """PUT the source directory as a .tar.gz body; the answer's id goes into a job's source."""
+
+    required_scopes = {"PUT": Scope.JOBS_WRITE}
+    parser_classes: list = []
+
+    @extend_schema(request={"application/gzip": OpenApiTypes.BINARY}, responses={201: OpenApiTypes.OBJECT})
+    def put(self, request, project):
+        project = project_for(request, project, Role.MEMBER)
+        archive = outputs.store_source(Actor.from_request(request), project, request._request)
+        return Response({"id": archive.pk, "sha256": archive.sha256, "size": archive.size}, status=201)

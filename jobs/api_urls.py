@@ -9,4 +9,6 @@ urlpatterns = [
     path("jobs/<int:pk>/logs", api.JobLogsView.as_view(), name="api-job-logs"),
     path("jobs/<int:pk>/metrics", api.JobMetricsView.as_view(), name="api-job-metrics"),
     path("jobs/<int:pk>/artifacts", api.JobArtifactsView.as_view(), name="api-job-artifacts"),
+    path("jobs/<int:pk>/artifacts/<path:path>", api.JobArtifactDownloadView.as_view(), name="api-job-artifact"),
+    path("projects/<slug:project>/sources", api.SourceUploadView.as_view(), name="api-project-sources"),
 ]

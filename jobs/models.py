@@ -46,6 +46,7 @@ class Job(models.Model):
     claimed_at = models.DateTimeField(null=True, blank=True)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
+    result = models.JSONField(null=True, blank=True, help_text=_("The validated result.json: version, models, datasets."))
 
     class Meta:
         ordering = ["-created_at", "-id"]
@@ -142,3 +143,21 @@ class JobEvent(models.Model):
 
     class Meta:
         ordering = ["at", "id"]
+
+
+def source_path(instance, filename):
+    return f"sources/{instance.project_id}/{instance.sha256}.tar.gz"
+
+
+class SourceArchive(models.Model):
+    """A source directory uploaded by `mado-tracking jobs create --source DIR`, as a tar.gz."""
+
+    project = models.ForeignKey("mado.Project", on_delete=models.CASCADE, related_name="source_archives")
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+")
+    sha256 = models.CharField(max_length=64)
+    size = models.BigIntegerField()
+    file = models.FileField(upload_to=source_path, max_length=500)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    def __str__(self) -> str:
+        return f"source {self.sha256[:12]} ({self.size} bytes)"

@@ -55,7 +55,7 @@ def worker_job_payload(job: Job, token: str | None) -> dict:
         "runtime": job.runtime,
         "image": job.image,
         "command": job.command,
-        "source": job.source,
+        "source": _worker_source(job),
         "requirements": job.requirements,
         "parameters": job.parameters,
         "env": job.env,
@@ -77,3 +77,15 @@ def log_body(chunk) -> dict:
 
 def metric_body(metric) -> dict:
     return {"name": metric.name, "value": metric.value, "step": metric.step, "timestamp": metric.timestamp}
+
+
+def _worker_source(job: Job):
+    if job.source and job.source.get("kind") == "archive":
+        return {**job.source, "download": f"/api/worker/jobs/{job.pk}/source"}
+    return job.source
+
+
+def artifact_body(artifact) -> dict:
+    return {"path": artifact.path, "size": artifact.size, "sha256": artifact.sha256, "mime_type": artifact.mime_type,
+            "complete": artifact.complete,
+            "download": f"/api/jobs/{artifact.job_id}/artifacts/{artifact.path}" if artifact.complete else None}

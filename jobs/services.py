@@ -20,7 +20,7 @@ from django.utils.dateparse import parse_datetime
 from computers import access as computer_access
 from computers.choices import Runtime
 from computers.models import ComputeTarget
-from jobs import access
+from jobs import access, outputs
 from jobs.choices import HELD_STATUSES, EndReason, JobStatus, Stream
 from jobs.models import GpuReservation, Job, JobEvent, LogChunk, Metric
 from mado import access as identity
@@ -48,7 +48,7 @@ def create_job(actor: Actor, project, data: dict) -> Job:
     user = actor.user
     if not identity.has_role(user, project, Role.MEMBER):
         raise Forbidden("Creating Jobs needs the member role in this project.", "role_required")
-    values, errors = _clean_job(user, data)
+    values, errors = _clean_job(user, project, data)
     if errors:
         raise _invalid(errors)
     with transaction.atomic():
@@ -60,7 +60,7 @@ def create_job(actor: Actor, project, data: dict) -> Job:
     return job
 
 
-def _clean_job(user, data: dict) -> tuple[dict, dict]:
+def _clean_job(user, project, data: dict) -> tuple[dict, dict]:
     errors: dict[str, list[str]] = {}
     values: dict = {}
     target = ComputeTarget.objects.filter(pk=data.get("computer")).first() if _is_int(data.get("computer")) else None
@@ -126,14 +126,10 @@ def _clean_job(user, data: dict) -> tuple[dict, dict]:
     if bad_lines:
         errors["requirements"] = ["pip options in requirements are not allowed (lines starting with '-')."]
     values["requirements"] = requirements
-    source = data.get("source")
-    if source is not None:
-        if not isinstance(source, dict) or source.get("kind") not in ("git", "archive"):
-            errors["source"] = ["source is {\"kind\": \"git\", \"url\": …, \"ref\": …} or an uploaded archive."]
-        elif source["kind"] == "git" and not (isinstance(source.get("url"), str) and source["url"]
-                                              and not source["url"].startswith("-")):
-            errors["source"] = ["A git source needs a url."]
-    values["source"] = source
+    try:
+        values["source"] = outputs.clean_source(project, data.get("source"))
+    except ServiceError as error:
+        errors.update(error.fields)
     values["name"] = str(data.get("name") or "")[:200]
     if data.get("cluster_size") not in (None, 1):
         errors["cluster_size"] = ["Cluster jobs (cluster_size > 1) are not available yet."]
@@ -336,6 +332,10 @@ def complete(worker: Worker, job_id: int, *, lease_id, status: str, exit_code=No
             if job.status == status:
                 return job  # the same completion resent
             raise Conflict(f"This job already ended as {job.status}.", "job_already_completed")
+        missing = outputs.missing_artifacts(job) if status == JobStatus.FINISHED else []
+        if missing:
+            raise Conflict(f"Upload the declared artifacts first: {', '.join(missing[:5])}"
+                           + (" …" if len(missing) > 5 else "") + ".", "artifacts_incomplete")
         reason = end_reason or (EndReason.CANCELED if status == JobStatus.CANCELED else EndReason.EXIT_CODE)
         _finish(job, status, reason, exit_code=exit_code, error=error)
         audit(Actor(worker.token.user), "job.complete", job, project=job.project,

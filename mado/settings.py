@@ -148,3 +148,5 @@ LOGGING = {
 # How often a token's last_used_at is written: every request would turn reads into writes.
 TOKEN_LAST_USED_RESOLUTION_SECONDS = 60
 TOKEN_MAX_DAYS = 365
+MAX_SOURCE_BYTES = env.env_int("MADO_MAX_SOURCE_MIB", 512, minimum=1) * 2**20
+MAX_OUTPUT_FILES = env.env_int("MADO_MAX_OUTPUT_FILES", 10_000, minimum=1)

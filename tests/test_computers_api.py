@@ -189,7 +189,7 @@ class TestChanging:
 
     def test_locked_fields_cannot_change_while_jobs_hold_the_computer_but_enable_always_works(self, world, computers,
                                                                                                 monkeypatch):
-        """The Job model arrives with the Jobs issue; a stand-in queryset plays the active jobs here."""
+        """A stand-in for the active jobs isolates the lock rule; tests/test_jobs_api.py uses real jobs."""
         class StandInJobs(list):
             def __getitem__(self, item):
                 return list.__getitem__(self, item)
@@ -209,7 +209,7 @@ class TestChanging:
         assert ok.status_code == 200
 
     def test_without_jobs_nothing_is_locked(self, world, computers):
-        assert locks.active_jobs(computers.researchers_private) == []
+        assert list(locks.active_jobs(computers.researchers_private)) == []
         target = services.update_computer(Actor(world.global_admin), computers.researchers_private, {"gpu_ids": ["0"]})
         assert target.gpu_ids == ["0"]
 

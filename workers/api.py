@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from django.conf import settings
+from django.http import FileResponse
 from django.db import transaction
 from drf_spectacular.utils import OpenApiTypes, extend_schema
 from rest_framework import exceptions
@@ -9,6 +10,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from computers import services as computer_services
+from jobs import outputs
 from jobs import services as job_services
 from jobs.serializers import worker_job_payload
 from mado.api.views import items, project_for
@@ -216,3 +218,50 @@ class JobCompleteView(LeasedJobView):
                                     exit_code=body.get("exit_code"), error=body.get("error") or "",
                                     end_reason=body.get("end_reason"))
         return Response({"id": job.pk, "status": job.status, "end_reason": job.end_reason})
+
+
+class JobOutputsView(LeasedJobView):
+    """The result.json declaration and the outputs directory listing; answers what to upload."""
+
+    @extend_schema(request=OpenApiTypes.OBJECT, responses=OpenApiTypes.OBJECT)
+    def post(self, request, job_id):
+        body = self.leased_body()
+        with transaction.atomic():
+            job = job_services.leased(self.worker(), job_id, body["lease_id"])
+            upload = outputs.record_outputs(job, result_text=body.get("result"), files=body.get("files"),
+                                            manifest_text=body.get("manifest"), token_scopes=request.auth.scopes)
+        return Response({"upload": upload})
+
+
+class QueryLeaseMixin:
+    """Binary endpoints carry worker_id and lease_id in the query string; the body is the bytes."""
+
+    parser_classes: list = []
+
+    def query_leased(self, request, job_id):
+        worker = services.touch(request.auth, request.query_params.get("worker_id"))
+        lease_id = request.query_params.get("lease_id")
+        if not lease_id:
+            raise exceptions.ValidationError({"lease_id": ["Pass ?lease_id= from the claim."]})
+        with transaction.atomic():
+            return job_services.leased(worker, job_id, lease_id)
+
+
+class JobArtifactUploadView(QueryLeaseMixin, WorkerView):
+    required_scopes = {"PUT": Scope.WORKER_EXECUTE}
+
+    @extend_schema(request={"application/octet-stream": OpenApiTypes.BINARY}, responses=OpenApiTypes.OBJECT)
+    def put(self, request, job_id, path):
+        job = self.query_leased(request, job_id)
+        artifact = outputs.receive_artifact(job, path, request._request, request.headers.get("Content-Range"))
+        return Response({"path": artifact.path, "received_bytes": artifact.received_bytes,
+                         "complete": artifact.complete})
+
+
+class JobSourceView(QueryLeaseMixin, WorkerView):
+    required_scopes = {"GET": Scope.WORKER_EXECUTE}
+
+    @extend_schema(responses={(200, "application/gzip"): OpenApiTypes.BINARY})
+    def get(self, request, job_id):
+        job = self.query_leased(request, job_id)
+        return FileResponse(open(outputs.source_file(job), "rb"), content_type="application/gzip")

@@ -1,0 +1,190 @@
+"""Sources going to a job and outputs coming back: source archives, result.json, artifact uploads.
+
+Uploads are streamed to disk outside any database transaction; rows are updated in short ones."""
+from __future__ import annotations
+
+import os
+import re
+import uuid
+from pathlib import Path
+
+from django.conf import settings
+from django.db import transaction
+from django.utils.dateparse import parse_datetime
+from django.utils import timezone
+
+from jobs import results, storage
+from jobs.choices import HELD_STATUSES
+from jobs.models import Artifact, Job, Metric, SourceArchive
+from mado import access as identity
+from mado.choices import Role, Scope
+from mado.errors import Conflict, Forbidden, ServiceError
+from mado.services import Actor, audit
+
+GZIP_MAGIC = b"\x1f\x8b"
+RANGE = re.compile(r"^bytes (\d+)-(\d+)/(\d+)$")
+
+
+def media(relative: str) -> Path:
+    return Path(settings.MEDIA_ROOT) / relative
+
+
+def _incoming() -> Path:
+    return media(f"incoming/{uuid.uuid4().hex}")
+
+
+# Sources ----------------------------------------------------------------------------------------
+
+def store_source(actor: Actor, project, readable) -> SourceArchive:
+    if not identity.has_role(actor.user, project, Role.MEMBER):
+        raise Forbidden("Uploading sources needs the member role in this project.", "role_required")
+    tmp = _incoming()
+    try:
+        size = storage.receive(readable, tmp, limit=settings.MAX_SOURCE_BYTES)
+    except storage.UploadTooLarge:
+        storage.remove(tmp)
+        raise ServiceError(f"The source archive is larger than {settings.MAX_SOURCE_BYTES // 2**20} MiB; leave data "
+                           "and checkpoints out of the source directory.", "source_too_large", status=413) from None
+    with open(tmp, "rb") as head:
+        if size == 0 or head.read(2) != GZIP_MAGIC:
+            storage.remove(tmp)
+            raise ServiceError("Send the source directory as a .tar.gz archive.", "source_not_gzip")
+    digest = storage.sha256_of(tmp)
+    existing = SourceArchive.objects.filter(project=project, sha256=digest).first()
+    if existing is not None:
+        storage.remove(tmp)
+        return existing
+    archive = SourceArchive(project=project, created_by=actor.user, sha256=digest, size=size)
+    relative = f"sources/{project.pk}/{digest}.tar.gz"
+    media(relative).parent.mkdir(parents=True, exist_ok=True)
+    os.replace(tmp, media(relative))
+    archive.file.name = relative
+    archive.save()
+    audit(actor, "source.upload", archive, project=project, after={"sha256": digest, "size": size})
+    return archive
+
+
+def clean_source(project, source):
+    """The job's source as stored: a git URL and ref, or an archive of this project."""
+    if source is None:
+        return None
+    if isinstance(source, dict) and source.get("kind") == "archive":
+        archive = SourceArchive.objects.filter(pk=source.get("id"), project=project).first() \
+            if isinstance(source.get("id"), int) else None
+        if archive is None:
+            raise ServiceError("No uploaded source archive with this id in the project; upload it first.",
+                               "invalid_job", fields={"source": ["Unknown archive."]})
+        return {"kind": "archive", "id": archive.pk, "sha256": archive.sha256, "size": archive.size}
+    if isinstance(source, dict) and source.get("kind") == "git":
+        url, ref = source.get("url"), source.get("ref") or "HEAD"
+        if not isinstance(url, str) or not url or url.startswith("-") or not isinstance(ref, str) or ref.startswith("-"):
+            raise ServiceError("A git source needs a url and, optionally, a ref (branch, tag or commit).",
+                               "invalid_job", fields={"source": ["Invalid git source."]})
+        return {"kind": "git", "url": url, "ref": ref}
+    raise ServiceError('source is {"kind": "git", "url": …, "ref": …} or {"kind": "archive", "id": …}.',
+                       "invalid_job", fields={"source": ["Invalid source."]})
+
+
+def source_file(job: Job) -> Path:
+    if not job.source or job.source.get("kind") != "archive":
+        raise ServiceError("This job has no uploaded source archive.", "not_found", status=404)
+    archive = SourceArchive.objects.get(pk=job.source["id"])
+    return Path(archive.file.path)
+
+
+# result.json --------------------------------------------------------------------------------------
+
+def record_outputs(job: Job, *, result_text, files, manifest_text, token_scopes: frozenset[str]) -> list[str]:
+    """Validate the result.json declaration against the files the worker saw; store metrics and the
+    artifacts to expect. Returns the artifact paths still to upload. Caller holds the job row lock."""
+    if job.status not in HELD_STATUSES:
+        raise Conflict(f"This job already ended ({job.status}).", "job_ended")
+    if not isinstance(result_text, str):
+        raise ServiceError("result is the text of result.json.", "invalid", fields={"result": ["Text expected."]})
+    if not isinstance(files, list):
+        raise ServiceError("files lists the outputs directory: [{path, size, sha256, kind}].", "invalid",
+                           fields={"files": ["List expected."]})
+    try:
+        listing = [results.OutputFile(path=f["path"], size=f["size"], sha256=f.get("sha256", ""),
+                                      kind=f.get("kind", "file")) for f in files]
+    except (KeyError, TypeError):
+        raise ServiceError("Each file is {path, size, sha256, kind}.", "invalid", fields={"files": ["Invalid entry."]}) \
+            from None
+    try:
+        parsed = results.parse_result_json(result_text.encode())
+        validated = results.validate_result(parsed, listing, manifest_text=manifest_text,
+                                            max_files=settings.MAX_OUTPUT_FILES)
+    except results.ResultError as error:
+        raise ServiceError(error.message, error.code,
+                           fields={"result": [error.location]} if error.location else None) from None
+    if (validated.models or validated.datasets) and Scope.REGISTRY_WRITE not in token_scopes:
+        raise ServiceError("Declaring models or datasets needs a worker token with registry:write; issue one.",
+                           "registry_write_required")
+    # Dataset file lists can hold 100 000 entries: the job keeps the counts and digests, not the lists.
+    datasets = [{k: v for k, v in d.items() if k != "files"} for d in validated.datasets]
+    summary = {"version": validated.version, "models": validated.models, "datasets": datasets,
+               "manifest_path": validated.manifest_path}
+    if job.result == summary:
+        pending = job.artifacts.filter(complete=False).values_list("path", flat=True)
+        return list(pending)  # the same declaration resent
+    if job.result is not None:
+        raise Conflict("This job's outputs were already declared differently.", "outputs_already_recorded")
+    Artifact.objects.bulk_create([Artifact(job=job, path=a["path"], size=a["size"], sha256=a["sha256"],
+                                           mime_type=a.get("mime_type") or "") for a in validated.artifacts])
+    Metric.objects.bulk_create([Metric(job=job, name=m["name"], value=m["value"], step=m["step"],
+                                       timestamp=(parse_datetime(m["timestamp"]) if m.get("timestamp") else None)
+                                       or timezone.now()) for m in validated.metrics])
+    job.result = summary
+    job.save(update_fields=["result"])
+    return [a["path"] for a in validated.artifacts]
+
+
+# Artifact uploads -------------------------------------------------------------------------------
+
+def receive_artifact(job: Job, path: str, readable, content_range: str | None) -> Artifact:
+    """Store one declared artifact, whole or in parts (Content-Range: bytes start-end/total)."""
+    artifact = Artifact.objects.filter(job=job, path=path).first()
+    if artifact is None:
+        raise ServiceError(f"{path} is not declared in this job's result.json; declare it first.",
+                           "artifact_not_declared", status=404)
+    if artifact.complete:
+        return artifact
+    start = 0
+    if content_range:
+        match = RANGE.match(content_range.strip())
+        if not match or int(match.group(3)) != artifact.size:
+            raise ServiceError(f"Content-Range must be 'bytes start-end/{artifact.size}'.", "invalid_range")
+        start = int(match.group(1))
+        if start != artifact.received_bytes:
+            raise Conflict(f"Resume the upload from byte {artifact.received_bytes}.", "range_mismatch",
+                           fields={"received_bytes": [str(artifact.received_bytes)]})
+    part = media(f"partial/{artifact.pk}")
+    try:
+        received = storage.receive(readable, part, limit=artifact.size, append=start > 0)
+    except storage.UploadTooLarge:
+        storage.remove(part)
+        Artifact.objects.filter(pk=artifact.pk).update(received_bytes=0)
+        raise ServiceError(f"{path} is larger than the declared {artifact.size} bytes.", "size_mismatch") from None
+    with transaction.atomic():
+        artifact = Artifact.objects.select_for_update().get(pk=artifact.pk)
+        artifact.received_bytes = received
+        if received < artifact.size:
+            artifact.save(update_fields=["received_bytes"])
+            return artifact
+        if storage.sha256_of(part) != artifact.sha256:
+            storage.remove(part)
+            artifact.received_bytes = 0
+            artifact.save(update_fields=["received_bytes"])
+            raise ServiceError(f"The bytes of {path} do not match its declared sha256; upload it again.",
+                               "sha256_mismatch")
+        relative = f"artifacts/{job.project_id}/{job.pk}/{path}"
+        media(relative).parent.mkdir(parents=True, exist_ok=True)
+        os.replace(part, media(relative))
+        artifact.file.name = relative
+        artifact.complete = True
+        artifact.save(update_fields=["received_bytes", "file", "complete"])
+    return artifact
+
+
+def missing_artifacts(job: Job) -> list[str]:
+    return list(job.artifacts.filter(complete=False).values_list("path", flat=True))

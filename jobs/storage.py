@@ -1,0 +1,43 @@
+"""Receiving uploaded bytes: streamed to disk with their sha256, never held in memory whole."""
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+CHUNK = 1024 * 1024
+
+
+class UploadTooLarge(Exception):
+    pass
+
+
+def receive(readable, destination: Path, *, limit: int, append: bool = False) -> int:
+    """Copy a request body to `destination`, refusing more than `limit` bytes in all; returns bytes written."""
+    destination.parent.mkdir(parents=True, exist_ok=True)
+    written = destination.stat().st_size if append and destination.exists() else 0
+    with open(destination, "ab" if append else "wb") as out:
+        while True:
+            block = readable.read(CHUNK)
+            if not block:
+                break
+            written += len(block)
+            if written > limit:
+                raise UploadTooLarge(written)
+            out.write(block)
+    return written
+
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(CHUNK), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def remove(path: Path) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
