@@ -1,1 +1,15 @@
-urlpatterns: list = []
+"""HTML routes of Jobs; included at the root by mado/urls.py."""
+from django.urls import path
+
+from jobs import views
+
+urlpatterns = [
+    path("projects/<slug:project>/jobs/", views.job_list, name="jobs"),
+    path("projects/<slug:project>/jobs/new", views.job_create, name="job-create"),
+    path("projects/<slug:project>/jobs/<int:pk>/", views.job_detail, name="job-detail"),
+    path("projects/<slug:project>/jobs/<int:pk>/poll", views.job_poll, name="job-poll"),
+    path("projects/<slug:project>/jobs/<int:pk>/log.txt", views.job_log_text, name="job-log-text"),
+    path("projects/<slug:project>/jobs/<int:pk>/stop", views.job_stop, name="job-stop"),
+    path("projects/<slug:project>/jobs/<int:pk>/artifacts/<int:artifact_id>", views.artifact_download,
+         name="job-artifact"),
+]

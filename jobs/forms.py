@@ -1,0 +1,165 @@
+"""The New job form. It turns what a person types (a one-line command, JSON parameters, a walltime
+such as 2h30m) into the data jobs.services.create_job takes; the service decides what is allowed
+(which computer, runtime and GPUs) and its refusals are shown under the fields."""
+from __future__ import annotations
+
+import json
+import re
+import shlex
+
+from django import forms
+from django.utils.translation import gettext_lazy as _
+
+from computers import access as computer_access
+from computers.choices import Runtime
+from computers.models import ComputeTarget
+from jobs.services import CONTAINER_RUNTIMES
+
+# Service error fields that have a different name in this form.
+SERVICE_FIELDS = {"walltime_seconds": "walltime"}
+WALLTIME_UNITS = {"d": 86400, "h": 3600, "m": 60, "s": 1}
+WALLTIME_PARTS = re.compile(r"(\d+)\s*([dhms])")
+
+
+class OpenChoiceField(forms.ChoiceField):
+    """A select whose value is checked by the service, not against the options: the service's
+    message ("gpu-host-1 supports python, docker") says more than "Select a valid choice"."""
+
+    def valid_value(self, value) -> bool:
+        return True
+
+
+class OpenMultipleChoiceField(forms.MultipleChoiceField):
+    def valid_value(self, value) -> bool:
+        return True
+
+
+class JobForm(forms.Form):
+    name = forms.CharField(label=_("Run name"), max_length=200, required=False,
+                           help_text=_("Shown in Jobs and in the Request stop dialog. Empty: job-<number>."))
+    computer = OpenChoiceField(label=_("Computer"))
+    runtime = OpenChoiceField(label=_("Runtime"))
+    image = forms.CharField(label=_("Image"), max_length=1024, required=False,
+                            help_text=_("Docker image, or the SIF image for Apptainer and Singularity. "
+                                        "Only for container runtimes."))
+    command = forms.CharField(label=_("Command"), max_length=10000,
+                              widget=forms.TextInput(attrs={"placeholder": "python train.py --epochs 10",
+                                                            "spellcheck": "false", "autocomplete": "off"}),
+                              help_text=_("One line, split into arguments like a shell does; quote arguments "
+                                          "with spaces. Nothing is expanded."))
+    requirements = forms.CharField(label=_("Requirements"), required=False,
+                                   widget=forms.Textarea(attrs={"rows": 3, "spellcheck": "false",
+                                                                "placeholder": "torch==2.3.1"}),
+                                   help_text=_("requirements.txt lines installed with pip before the command."))
+    parameters = forms.CharField(label=_("Parameters (JSON)"), required=False, initial="{}",
+                                 widget=forms.Textarea(attrs={"rows": 3, "spellcheck": "false"}),
+                                 help_text=_("A JSON object such as {\"lr\": 0.01}. The Job receives it in "
+                                             "MMT_PARAMETERS."))
+    gpu_ids = OpenMultipleChoiceField(label=_("GPU IDs"), required=False, widget=forms.CheckboxSelectMultiple,
+                                      help_text=_("The checked GPUs are reserved for this Job and not given to "
+                                                  "other Jobs. None checked: the Job runs on CPU only."))
+    walltime = forms.CharField(label=_("Walltime"), max_length=40, required=False,
+                               widget=forms.TextInput(attrs={"placeholder": "2h30m"}),
+                               help_text=_("Longest run time, such as 90m, 2h30m, 1d or 01:30:00. "
+                                           "Empty: no limit."))
+
+    def __init__(self, data=None, *, user, initial=None):
+        super().__init__(data, initial=initial)
+        self.computers = list(computer_access.usable_by(user).filter(enabled=True).order_by("name"))
+        self.fields["computer"].choices = [("", "—")] + [(str(c.pk), c.name) for c in self.computers]
+        if len(self.computers) == 1 and not self._raw("computer"):
+            self.initial["computer"] = str(self.computers[0].pk)
+        self.target = self._chosen_target()
+        runtimes = self.target.runtimes if self.target else []
+        self.fields["runtime"].choices = [(r, Runtime(r).label if r in Runtime.values else r) for r in runtimes]
+        if runtimes and not self._raw("runtime"):
+            self.initial["runtime"] = Runtime.PYTHON if Runtime.PYTHON in runtimes else runtimes[0]
+        self.fields["gpu_ids"].choices = [(g, f"GPU {g}") for g in (self.target.gpu_ids if self.target else [])]
+
+    @property
+    def offers_image(self) -> bool:
+        """The image field only matters on a computer with a container runtime."""
+        return bool(self.target and any(r in CONTAINER_RUNTIMES for r in self.target.runtimes))
+
+    def _raw(self, name: str):
+        if self.is_bound:
+            return self.data.get(name)
+        return self.initial.get(name)
+
+    def _chosen_target(self) -> ComputeTarget | None:
+        chosen = str(self._raw("computer") or "")
+        return next((c for c in self.computers if str(c.pk) == chosen), None)
+
+    def clean_command(self) -> list[str]:
+        text = self.cleaned_data["command"]
+        try:
+            argv = shlex.split(text)
+        except ValueError:
+            raise forms.ValidationError(_("Close the quotes in the command: it is split like a shell line."))
+        if not argv:
+            raise forms.ValidationError(_("Give the command to run, such as python train.py."))
+        return argv
+
+    def clean_parameters(self) -> dict:
+        text = (self.cleaned_data.get("parameters") or "").strip()
+        if not text:
+            return {}
+        try:
+            value = json.loads(text)
+        except ValueError as error:
+            raise forms.ValidationError(_("This is not valid JSON: %(error)s") % {"error": error})
+        if not isinstance(value, dict):
+            raise forms.ValidationError(_("Parameters are a JSON object, such as {\"lr\": 0.01}."))
+        return value
+
+    def clean_walltime(self) -> int | None:
+        text = (self.cleaned_data.get("walltime") or "").strip().lower()
+        if not text:
+            return None
+        seconds = parse_walltime(text)
+        if seconds is None:
+            raise forms.ValidationError(_("Write the walltime as 90m, 2h30m, 1d or 01:30:00."))
+        return seconds
+
+    def service_data(self) -> dict:
+        data = self.cleaned_data
+        return {"name": data["name"], "computer": data["computer"], "runtime": data["runtime"],
+                "image": data["image"], "command": data["command"], "requirements": data["requirements"],
+                "parameters": data["parameters"], "gpu_ids": list(data["gpu_ids"]),
+                "walltime_seconds": data["walltime"]}
+
+
+def parse_walltime(text: str) -> int | None:
+    """Seconds from "5400", "90m", "2h30m", "1d 12h" or "01:30:00"; None when it is none of those."""
+    text = text.strip().lower()
+    if text.isdigit():
+        return int(text)
+    if re.fullmatch(r"\d+(:\d{1,2}){1,2}", text):
+        numbers = [int(part) for part in text.split(":")]
+        if any(n >= 60 for n in numbers[1:]):
+            return None
+        while len(numbers) < 3:
+            numbers.append(0)  # 01:30 is one hour thirty
+        hours, minutes, seconds = numbers
+        return hours * 3600 + minutes * 60 + seconds
+    if re.fullmatch(r"(\s*\d+\s*[dhms])+\s*", text):
+        return sum(int(n) * WALLTIME_UNITS[unit] for n, unit in WALLTIME_PARTS.findall(text))
+    return None
+
+
+def add_service_error(form: forms.Form, error) -> None:
+    """Put a refusal from create_job under the fields it names: each field's own sentences for an
+    invalid job, the whole sentence under the one field otherwise (computer not available…)."""
+    fields = {SERVICE_FIELDS.get(name, name): messages for name, messages in error.fields.items()}
+    known = {name: messages for name, messages in fields.items() if name in form.fields}
+    if error.code == "invalid_job" and known:
+        for name, messages in known.items():
+            for message in messages:
+                form.add_error(name, message)
+        rest = [m for name, messages in fields.items() if name not in form.fields for m in messages]
+        if rest:
+            form.add_error(None, " ".join(rest))
+    elif known:
+        form.add_error(next(iter(known)), error.message)
+    else:
+        form.add_error(None, error.message)

@@ -1,0 +1,255 @@
+"""HTML pages of Jobs (DESIGN §10, seed 001 "When the connection drops, and when a Job is stopped"):
+the project's Jobs list, the New job form, a job's page with live logs, metrics charts, artifacts and
+timeline, and the Request stop dialog.
+
+Who may see or stop what is asked of jobs.access; every change goes through jobs.services. Every page
+also works without HTMX: polling only adds live updates, and the dialog opens as a whole page."""
+from __future__ import annotations
+
+import hashlib
+import json
+import shlex
+from pathlib import PurePosixPath
+
+from django.contrib.auth.decorators import login_required
+from django.core.exceptions import PermissionDenied
+from django.core.paginator import Paginator
+from django.db.models import Count, Max
+from django.http import FileResponse, Http404, HttpResponse, StreamingHttpResponse
+from django.shortcuts import get_object_or_404, redirect, render
+from django.template.loader import render_to_string
+from django.urls import reverse
+from django.utils.translation import gettext as _
+from django.utils.translation import gettext_lazy
+from django.views.decorators.http import require_GET, require_http_methods
+from django_htmx.http import HttpResponseStopPolling
+
+from jobs import access, services
+from jobs.charts import job_charts
+from jobs.choices import ACTIVE_STATUSES
+from jobs.forms import JobForm, add_service_error
+from jobs.models import Job
+from mado import access as identity
+from mado.choices import Role
+from mado.errors import ServiceError
+from mado.services import Actor
+
+LIST_PAGE = 50
+LOG_TAIL = 2000   # chunks shown when the page opens; the whole log is a download away
+LOG_PAGE = 500    # chunks per poll, so a burst of output catches up in a few polls
+EVENT_LABELS = {
+    "created": gettext_lazy("Created"),
+    "claimed": gettext_lazy("Claimed"),
+    "started": gettext_lazy("Started"),
+    "stop_requested": gettext_lazy("Stop requested"),
+    "finished": gettext_lazy("Finished"),
+    "failed": gettext_lazy("Failed"),
+    "canceled": gettext_lazy("Canceled"),
+}
+
+
+# Jobs list --------------------------------------------------------------------------------------
+
+@login_required
+@require_GET
+def job_list(request, project):
+    project = identity.project_for_user(request.user, project)
+    jobs = access.visible_in(request.user, project).select_related("target", "created_by", "worker")
+    page = Paginator(jobs, LIST_PAGE).get_page(request.GET.get("page"))
+    context = {
+        "project": project,
+        "page": page,
+        "rows": [{"job": job, "refusal": access.stop_refusal(request.user, job)} for job in page],
+        # The list polls while something can still change by itself.
+        "polling": jobs.filter(status__in=ACTIVE_STATUSES).exists(),
+        "can_create": identity.has_role(request.user, project, Role.MEMBER),
+    }
+    if request.htmx and request.GET.get("fragment") == "list":
+        return render(request, "jobs/partials/_job_list.html", context)
+    return render(request, "jobs/job_list.html", context)
+
+
+# New job ----------------------------------------------------------------------------------------
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def job_create(request, project):
+    project = identity.project_for_user(request.user, project, Role.MEMBER)
+    if request.method == "POST":
+        form = JobForm(request.POST, user=request.user)
+        if form.is_valid():
+            try:
+                job = services.create_job(Actor.from_request(request), project, form.service_data())
+            except ServiceError as error:
+                add_service_error(form, error)
+            else:
+                return redirect("job-detail", project=project.slug, pk=job.pk)
+    else:
+        # Choosing another computer reloads the fields that depend on it (HTMX), or the whole form
+        # (the Show options button without JavaScript); what was typed comes along in the query.
+        form = JobForm(user=request.user, initial=_initial_from(request.GET))
+    context = {"project": project, "form": form}
+    if request.htmx and request.GET.get("fragment") == "computer":
+        return render(request, "jobs/partials/_computer_fields.html", context)
+    return render(request, "jobs/job_create.html", context)
+
+
+def _initial_from(query) -> dict:
+    initial = {name: query.get(name) for name in ("name", "computer", "runtime", "image", "command", "requirements",
+                                                   "parameters", "walltime") if query.get(name) is not None}
+    if "gpu_ids" in query:
+        initial["gpu_ids"] = query.getlist("gpu_ids")
+    initial.setdefault("parameters", "{}")
+    return initial
+
+
+# Job page ---------------------------------------------------------------------------------------
+
+@login_required
+@require_GET
+def job_detail(request, project, pk):
+    job = _job(request, project, pk)
+    tail = list(job.log_chunks.order_by("-id")[:LOG_TAIL + 1])
+    omitted = len(tail) > LOG_TAIL
+    chunks = list(reversed(tail[:LOG_TAIL]))
+    context = {
+        **_panels(request, job),
+        "chunks": chunks,
+        "logs_omitted": omitted,
+        "after": chunks[-1].pk if chunks else 0,
+        "polling": not job.is_terminal,
+    }
+    return render(request, "jobs/job_detail.html", context)
+
+
+@login_required
+@require_GET
+def job_poll(request, project, pk):
+    """One poll of the job page: the log chunks after `after` appended to the log, the panels again
+    when something in them changed, and the next poller. 286 once the job ended and every chunk was
+    sent, which stops htmx polling."""
+    job = _job(request, project, pk)  # read before the chunks: a chunk stored after this is sent next time
+    after = request.GET.get("after", "0")
+    if not after.isdigit():
+        raise Http404("after is the id of the last log chunk shown.")
+    chunks = list(job.log_chunks.filter(id__gt=int(after)).order_by("id")[:LOG_PAGE])
+    done = job.is_terminal and len(chunks) < LOG_PAGE
+    panels = _panels(request, job)
+    context = {
+        **panels,
+        "chunks": chunks,
+        "after": chunks[-1].pk if chunks else int(after),
+        "polling": not done,
+        "panels_changed": panels["version"] != request.GET.get("v"),
+    }
+    content = render_to_string("jobs/partials/_poll.html", context, request=request)
+    return HttpResponseStopPolling(content) if done else HttpResponse(content)
+
+
+@login_required
+@require_GET
+def job_log_text(request, project, pk):
+    """The whole log as text, stdout and stderr in the order they arrived."""
+    job = _job(request, project, pk)
+    chunks = (chunk for chunk in job.log_chunks.order_by("id").only("data").iterator(chunk_size=500))
+    response = StreamingHttpResponse((chunk.data for chunk in chunks), content_type="text/plain; charset=utf-8")
+    response["Content-Disposition"] = f'inline; filename="job-{job.pk}.log"'
+    return response
+
+
+@login_required
+@require_GET
+def artifact_download(request, project, pk, artifact_id):
+    job = _job(request, project, pk)
+    artifact = get_object_or_404(job.artifacts, pk=artifact_id, complete=True)
+    if not artifact.file:
+        raise Http404("This artifact has no stored file.")
+    # Always a download as bytes: the declared MIME type comes from the job and is not trusted.
+    return FileResponse(artifact.file.open("rb"), as_attachment=True, filename=PurePosixPath(artifact.path).name,
+                        content_type="application/octet-stream")
+
+
+def _job(request, project: str, pk: int) -> Job:
+    job = access.job_for(request.user, pk)
+    if job.project.slug != project:
+        raise Http404("No job with this id in this project.")
+    return job
+
+
+def _panels(request, job: Job) -> dict:
+    """What the job page shows besides the logs, and a version that changes when any of it does."""
+    charts, charts_truncated = job_charts(job)
+    artifacts = list(job.artifacts.all())
+    events = list(job.events.all())
+    metric_stamp = job.metrics.aggregate(n=Count("id"), last=Max("id"))
+    version = "|".join(map(str, [
+        job.status, job.end_reason, job.exit_code, job.worker_id, job.stop_requested_at, job.is_unresponsive,
+        job.started_at, job.finished_at, [e.pk for e in events][-1:], metric_stamp["n"], metric_stamp["last"],
+        [(a.pk, a.complete) for a in artifacts],
+    ]))
+    return {
+        "project": job.project,
+        "job": job,
+        "refusal": access.stop_refusal(request.user, job),
+        "timeline": [(event, EVENT_LABELS.get(event.kind, event.kind)) for event in events],
+        "command_line": shlex.join(job.command) if isinstance(job.command, list) else str(job.command),
+        "walltime": _duration(job.walltime_seconds),
+        "charts": charts,
+        "charts_truncated": charts_truncated,
+        "artifacts": artifacts,
+        "parameters": json.dumps(job.parameters, indent=2, ensure_ascii=False, sort_keys=True),
+        "version": hashlib.sha256(version.encode()).hexdigest()[:16],
+    }
+
+
+def _duration(seconds: int | None) -> str:
+    if not seconds:
+        return ""
+    days, rest = divmod(seconds, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    parts = [(days, "d"), (hours, "h"), (minutes, "m"), (secs, "s")]
+    return " ".join(f"{n}{unit}" for n, unit in parts if n)
+
+
+# Request stop -----------------------------------------------------------------------------------
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def job_stop(request, project, pk):
+    job = _job(request, project, pk)
+    if not access.can_stop(request.user, job):
+        raise PermissionDenied(_("Only the creator and Project admins can stop this Job"))
+    origin = request.POST.get("from") or request.GET.get("from")
+    back = (reverse("jobs", args=[job.project.slug]) if origin == "list"
+            else reverse("job-detail", args=[job.project.slug, job.pk]))
+    error = None
+    if request.method == "POST":
+        try:
+            services.request_stop(Actor.from_request(request), job)
+        except ServiceError as refused:
+            error = refused.message
+            job.refresh_from_db()
+        else:
+            return _dialog_done(request, back)
+    context = {"project": job.project, "job": job, "refusal": access.stop_refusal(request.user, job),
+               "error": error, "origin": origin or "detail", "queued": job.status == "queued"}
+    # A refusal (the job ended meanwhile) is shown in the dialog with 200: htmx swaps no 4xx answer.
+    return _dialog(request, "jobs/partials/_stop_dialog.html", context, back=back)
+
+
+def _dialog(request, fragment: str, context: dict, *, back: str):
+    """The dialog's content for HTMX, or the same content as a whole page without it."""
+    context = {**context, "back_url": back}
+    if request.htmx:
+        return render(request, fragment, context)
+    return render(request, "jobs/dialog_page.html", {**context, "fragment": fragment})
+
+
+def _dialog_done(request, fallback_url: str):
+    if request.htmx:
+        response = HttpResponse(status=204)
+        response["HX-Trigger"] = json.dumps({"jobsChanged": True, "closeDialog": True})
+        return response
+    return redirect(fallback_url)
+
