@@ -82,3 +82,19 @@ def test_create_project_makes_an_audited_project_with_its_first_admin(world):
         call_command("create_project", "vision-lab")
     with pytest.raises(CommandError, match="No user named ghost"):
         call_command("create_project", "other-lab", "--admin", "ghost")
+
+
+def test_demo_in_dev_mode_adds_an_enabled_local_computer_for_the_local_worker(db, settings, tmp_path):
+    from computers.access import usable_by
+    from computers.models import ComputeTarget
+
+    settings.VAR_DIR = tmp_path
+    settings.DEV_MODE = True
+    call_command("demo", stdout=StringIO())
+    local = ComputeTarget.objects.get(name="local")
+    assert local.kind == "local" and local.enabled and local.runtimes == ["python"]
+    assert (tmp_path / "local-jobs").is_dir()
+    worker_user = ServiceAccount.objects.get(name="local-worker").user
+    assert usable_by(worker_user).filter(pk=local.pk).exists(), "the demo worker may run the Local computer's jobs"
+    call_command("demo", stdout=StringIO())
+    assert ComputeTarget.objects.filter(name="local").count() == 1

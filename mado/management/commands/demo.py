@@ -1,6 +1,8 @@
 """The demo world of `make run`: an admin, a project, and a worker service account with its token."""
 import os
 import secrets
+import shutil
+import sys
 from pathlib import Path
 
 from django.conf import settings
@@ -41,6 +43,8 @@ class Command(BaseCommand):
                 account = services.create_service_account(
                     services.Actor(user=admin), project, name="local-worker", role=Role.ADMIN,
                     description="The worker that `make run` starts for the Local computer.")
+            if settings.DEV_MODE:
+                self._local_computer(admin, var)
             token_file = var / "worker-token"
             if not self._token_still_works(token_file):
                 _, plaintext = services.issue_token(
@@ -64,6 +68,22 @@ class Command(BaseCommand):
             admin.save(update_fields=["password"])
         write_private(password_file, password)
         return password
+
+    def _local_computer(self, admin, var: Path) -> None:
+        """A Local computer, run by the worker that `make run` starts next to the server."""
+        from computers.models import ComputeTarget
+        from computers.services import register_computer
+
+        if ComputeTarget.objects.filter(name="local").exists():
+            return
+        workdir = var / "local-jobs"
+        workdir.mkdir(parents=True, exist_ok=True)
+        register_computer(services.Actor(user=admin), {
+            "name": "local", "kind": "local", "visibility": "private", "enabled": True,
+            "working_dir": str(workdir), "python_path": shutil.which("python3") or sys.executable,
+            "runtimes": ["python"], "concurrency": 2,
+        })
+        self.stdout.write("Created the Local computer 'local' (development mode).")
 
     @staticmethod
     def _token_still_works(token_file: Path) -> bool:
