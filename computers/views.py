@@ -788,15 +788,18 @@ def _into_dialog(response):
 
 
 def _saved(request, target):
-    """After Save: the dialog closes, the list refreshes and the computer's details open below it."""
+    """After Save: the computer's details open below the list (in place of what was there), the list
+    refreshes, and the dialog closes once the details are in (closing first would detach the form
+    the answer belongs to)."""
     url = reverse("computer-detail", args=[target.pk])
     if not request.htmx:
         return redirect(url)
     target = access.detail_for(request.user, target.pk)
-    content = render_to_string("computers/partials/_computer_details.html",
-                               {**_details_context(request, target), "oob": True}, request=request)
-    response = _triggered(HttpResponse(content), computersChanged=True, closeDialog=True)
-    return push_url(reswap(response, "none"), url)
+    content = render_to_string("computers/partials/_computer_details.html", _details_context(request, target),
+                               request=request)
+    response = _triggered(HttpResponse(content), computersChanged=True)
+    response["HX-Trigger-After-Swap"] = json.dumps({"closeDialog": True})
+    return push_url(reswap(retarget(response, "#computer-details"), "outerHTML"), url)
 
 
 def _triggered(response, **events):

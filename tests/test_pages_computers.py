@@ -336,7 +336,7 @@ def test_check_connection_and_continue_registers_the_computer_disabled_and_walks
     assert check.status == "queued" and check.requested_worker.worker_id == "lab-worker-1"
     page = html(response)
     assert "Waiting for the worker to start checking…" in page
-    assert f'hx-get="/settings/computers/{target.pk}/checks/{check.pk}?flow=add" hx-trigger="every 1s"' in page
+    assert f'hx-get="/settings/computers/{target.pk}/checks/{check.pk}?flow=add" hx-trigger="every 1s" hx-target="this"' in page
     assert f'action="/settings/computers/{target.pk}/connection"' in page  # step 1 now edits the registered one
     assert AuditEvent.objects.filter(action="computer.create", object_id=str(target.pk)).exists()
     assert AuditEvent.objects.filter(action="computer.check.request", object_id=str(target.pk)).exists()
@@ -400,11 +400,12 @@ def test_check_connection_and_continue_registers_the_computer_disabled_and_walks
         "gpu_detected": ["0", "1"], "gpu_ids": "0\n1", "concurrency": "2", "dataset_transfer": "relay",
         "dataset_cache_limit_gib": "100", "enabled": "on", "action": "save"}, **HTMX)
     assert saved.status_code == 200
-    assert triggers(saved) == {"computersChanged": True, "closeDialog": True}
-    assert saved.headers["HX-Reswap"] == "none"
+    assert triggers(saved) == {"computersChanged": True}
+    assert json.loads(saved.headers["HX-Trigger-After-Swap"]) == {"closeDialog": True}
+    assert saved.headers["HX-Retarget"] == "#computer-details" and saved.headers["HX-Reswap"] == "outerHTML"
     assert saved.headers["HX-Push-Url"] == reverse("computer-detail", args=[target.pk])
     details = html(saved)
-    assert 'id="computer-details"' in details and 'hx-swap-oob="true"' in details
+    assert details.startswith('<section id="computer-details"')
     assert f'<code id="computer-id">{target.pk}</code>' in details
     target.refresh_from_db()
     assert target.enabled and target.working_dir == "/data/mmt-jobs" and target.python_path == "/usr/bin/python3"
@@ -466,7 +467,7 @@ def test_continue_without_checking_registers_the_computer_and_opens_step_2(clien
     kept = client.post(reverse("computer-settings", args=[target.pk]), {
         "cpu_arch": "arm64", "dataset_transfer": "direct", "dataset_cache_limit_gib": "50", "gpu_ids": "",
         "action": "save"}, **HTMX)
-    assert triggers(kept).get("closeDialog") is True
+    assert json.loads(kept.headers["HX-Trigger-After-Swap"]) == {"closeDialog": True}
     target.refresh_from_db()
     assert not target.enabled and target.cpu_arch == "arm64" and target.dataset_transfer == "direct"
     assert target.dataset_cache_limit_gib == 50 and target.concurrency == 1
@@ -578,7 +579,8 @@ def test_the_owner_researcher_edits_both_tabs_and_saves_them_together(client, wo
         "python_path": "/opt/alice/bin/python3", "cpu_arch": "amd64", "runtimes": ["python"], "gpu_ids": "0",
         "concurrency": "", "dataset_transfer": "relay", "dataset_cache_limit_gib": "100", "enabled": "on",
         "action": "save"}, **HTMX)
-    assert triggers(response) == {"computersChanged": True, "closeDialog": True}
+    assert triggers(response) == {"computersChanged": True}
+    assert json.loads(response.headers["HX-Trigger-After-Swap"]) == {"closeDialog": True}
     target.refresh_from_db()
     assert target.host == "alice-new.example.internal" and target.enabled and target.gpu_ids == ["0"]
     assert target.concurrency == 1
