@@ -84,8 +84,10 @@ class Worker:
             item["id"], self.config.worker_id, item["lease_id"], entries, error))
 
     def _complete(self, what: str, item: dict, send: Callable[[], dict]) -> None:
+        started = time.monotonic()
         try:
             send()
+            log.debug("reported %s %s in %.0f ms", what, item.get("id"), (time.monotonic() - started) * 1000)
         except FatalApiError:
             raise
         except ApiError as exc:
@@ -119,6 +121,7 @@ class Worker:
                 failures = 0
                 if item is None:
                     continue
+                log.debug("claimed %s %s", what, item.get("id"))
                 with self._handling_lock:
                     self._handling += 1
                 try:

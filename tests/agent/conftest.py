@@ -52,15 +52,21 @@ def chown_tree(sshd, path: Path) -> None:
     os.lchown(path, _uid(sshd), _gid(sshd))
 
 
-def listing(*roots: Path) -> dict[str, tuple]:
-    """Every path under `roots` with its kind, size and mtime: what a check must leave unchanged."""
+def listing(*roots: Path, skip=lambda path: False) -> dict[str, tuple]:
+    """Every path under `roots` with its kind, owner, size and mtime: what a check must leave
+    unchanged. `skip` leaves out directories that other tests (maybe of another run on this machine)
+    change meanwhile."""
     seen = {}
     for root in roots:
         for dirpath, dirnames, filenames in os.walk(root):
+            dirnames[:] = [d for d in dirnames if not skip(os.path.join(dirpath, d))]
             for name in dirnames + filenames:
                 p = os.path.join(dirpath, name)
-                st = os.lstat(p)
-                seen[p] = (st.st_mode, st.st_size, st.st_mtime_ns if not os.path.isdir(p) else 0)
+                try:
+                    st = os.lstat(p)
+                except FileNotFoundError:  # removed by someone else while we looked
+                    continue
+                seen[p] = (st.st_mode, st.st_uid, st.st_size, 0 if os.path.isdir(p) else st.st_mtime_ns)
     return seen
 
 

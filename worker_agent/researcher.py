@@ -1,0 +1,228 @@
+"""`mado-tracking`: the researcher's command line. Create jobs, list them, follow their logs, stop them.
+
+It talks to the server with a personal API token (`MMT_API_URL`, `MMT_API_TOKEN` or
+`MMT_API_TOKEN_FILE`); the project is the token's own project."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tarfile
+import tempfile
+import time
+from pathlib import Path
+
+import click
+import requests
+
+from worker_agent import __version__
+from worker_agent.text import mask_tokens
+
+TIMEOUT = (5, 60)
+UPLOAD_CHUNK = 256 * 1024
+SKIPPED_DIRS = {".git", "__pycache__", ".venv", "venv", "node_modules", ".mypy_cache", ".pytest_cache"}
+
+
+class Api:
+    def __init__(self, url: str, token: str):
+        self.url = url.rstrip("/")
+        self.token = token
+        self.session = requests.Session()
+        self.session.headers.update({"Authorization": f"Bearer {token}", "Accept": "application/json",
+                                     "User-Agent": f"mado-tracking/{__version__}"})
+
+    def call(self, method: str, path: str, **kwargs):
+        try:
+            response = self.session.request(method, self.url + path, timeout=TIMEOUT, allow_redirects=False,
+                                            **kwargs)
+        except requests.RequestException as error:
+            raise click.ClickException(
+                f"Cannot reach the Mado server at {self.url} ({type(error).__name__}). Check MMT_API_URL and "
+                "your network.") from None
+        if response.status_code >= 400:
+            raise click.ClickException(self._explain(response))
+        return response.json() if response.content else {}
+
+    def _explain(self, response) -> str:
+        try:
+            body = response.json()
+            message = body.get("error") or response.reason
+            fields = body.get("fields") or {}
+        except ValueError:
+            message, fields = f"{response.status_code} {response.reason}", {}
+        hint = {401: " Issue a new token under Project settings → Project tokens and set MMT_API_TOKEN.",
+                403: " Your token or role does not allow this."}.get(response.status_code, "")
+        detail = "".join(f"\n  {name}: {' '.join(map(str, msgs))}" for name, msgs in fields.items())
+        return mask_tokens(f"{message}{hint}{detail}", self.token)
+
+
+def _api(ctx: click.Context) -> Api:
+    return ctx.obj
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="mado-tracking")
+@click.option("--api-url", envvar="MMT_API_URL", help="Address of the Mado server. [MMT_API_URL]")
+@click.option("--token-file", envvar="MMT_API_TOKEN_FILE", type=click.Path(dir_okay=False),
+              help="Read the API token from this file. [MMT_API_TOKEN_FILE]")
+@click.pass_context
+def main(ctx: click.Context, api_url: str | None, token_file: str | None) -> None:
+    """Work with Mado Compute from the command line."""
+    if ctx.resilient_parsing or "--help" in sys.argv or "-h" in sys.argv:
+        return
+    token = os.environ.get("MMT_API_TOKEN", "").strip()
+    if token_file:
+        try:
+            token = Path(token_file).read_text().strip()
+        except OSError as error:
+            raise click.ClickException(f"Cannot read the token file {token_file}: {error.strerror}.") from None
+    if not api_url:
+        raise click.ClickException("Set MMT_API_URL (or --api-url) to the address of the Mado server.")
+    if not token:
+        raise click.ClickException("Set MMT_API_TOKEN, or MMT_API_TOKEN_FILE to a file holding your API token "
+                                   "(Project settings → Project tokens → Issue personal token).")
+    ctx.obj = Api(api_url, token)
+
+
+@main.group()
+def jobs() -> None:
+    """Create, list, follow and stop jobs."""
+
+
+def _project(api: Api) -> str:
+    return api.call("GET", "/api/auth/token")["project"]
+
+
+def _parse_param(values: tuple[str, ...]) -> dict:
+    params = {}
+    for item in values:
+        name, sep, raw = item.partition("=")
+        if not sep or not name:
+            raise click.BadParameter(f"{item!r}: write parameters as NAME=VALUE.", param_hint="--param")
+        try:
+            params[name] = json.loads(raw)
+        except ValueError:
+            params[name] = raw
+    return params
+
+
+def _archive(directory: Path) -> Path:
+    """The source directory as a .tar.gz in a temporary file (caches and VCS folders left out)."""
+    handle = tempfile.NamedTemporaryFile(prefix="mado-source-", suffix=".tar.gz", delete=False)
+    handle.close()
+
+    def keep(info: tarfile.TarInfo):
+        parts = Path(info.name).parts
+        return None if any(p in SKIPPED_DIRS for p in parts) else info
+
+    with tarfile.open(handle.name, "w:gz") as tar:
+        tar.add(directory, arcname=".", filter=keep)
+    return Path(handle.name)
+
+
+def _upload_source(api: Api, project: str, directory: Path) -> dict:
+    archive = _archive(directory)
+    try:
+        size = archive.stat().st_size
+        with open(archive, "rb") as data, click.progressbar(length=size, label="Uploading source",
+                                                            file=sys.stderr) as bar:
+            def chunks():
+                while block := data.read(UPLOAD_CHUNK):
+                    bar.update(len(block))
+                    yield block
+
+            return api.call("PUT", f"/api/projects/{project}/sources", data=chunks(),
+                            headers={"Content-Type": "application/gzip", "Content-Length": str(size)})
+    finally:
+        archive.unlink(missing_ok=True)
+
+
+@jobs.command("create", context_settings={"ignore_unknown_options": True})
+@click.option("--computer", required=True, type=int, help="The computer's ID (Global settings → Computers).")
+@click.option("--runtime", default="python", show_default=True,
+              type=click.Choice(["python", "docker", "apptainer", "singularity"]))
+@click.option("--image", default="", help="Image for docker/apptainer/singularity jobs.")
+@click.option("--gpu", "gpus", multiple=True, help="A GPU ID to reserve; repeat for more.")
+@click.option("--requirements", type=click.Path(exists=True, dir_okay=False), help="A requirements.txt for the venv.")
+@click.option("--source", type=click.Path(exists=True, file_okay=False), help="A directory uploaded as the source.")
+@click.option("--git", "git_source", help="A git source as URL@REF.")
+@click.option("--param", "params", multiple=True, help="A parameter NAME=VALUE (JSON values allowed); repeat.")
+@click.option("--walltime", type=click.IntRange(1, 30 * 24 * 3600), help="Seconds before the job is stopped.")
+@click.option("--name", default="", help="The run name.")
+@click.argument("command", nargs=-1, type=click.UNPROCESSED, required=True)
+@click.pass_context
+def jobs_create(ctx, computer, runtime, image, gpus, requirements, source, git_source, params, walltime, name,
+                command):
+    """Queue COMMAND on a computer, e.g. `mado-tracking jobs create --computer 3 -- python train.py`."""
+    api = _api(ctx)
+    if source and git_source:
+        raise click.UsageError("Choose --source DIR or --git URL@REF, not both.")
+    project = _project(api)
+    body = {"computer": computer, "runtime": runtime, "image": image, "command": list(command),
+            "gpu_ids": list(gpus), "parameters": _parse_param(params), "name": name}
+    if walltime:
+        body["walltime_seconds"] = walltime
+    if requirements:
+        body["requirements"] = Path(requirements).read_text()
+    if git_source:
+        url, _, ref = git_source.rpartition("@") if "@" in git_source.split("/")[-1] else (git_source, "", "")
+        body["source"] = {"kind": "git", "url": url or git_source, "ref": ref or "HEAD"}
+    if source:
+        uploaded = _upload_source(api, project, Path(source))
+        body["source"] = {"kind": "archive", "id": uploaded["id"]}
+    job = api.call("POST", f"/api/projects/{project}/jobs", json=body)
+    click.echo(f"Created job {job['id']} on {job['computer']['name']} ({job['status']}).")
+    click.echo(f"Follow it with: mado-tracking jobs logs {job['id']} --follow")
+
+
+@jobs.command("list")
+@click.option("--status", type=click.Choice(["queued", "claimed", "running", "finished", "failed", "canceled"]))
+@click.option("--json", "as_json", is_flag=True, help="Print the JSON answer.")
+@click.pass_context
+def jobs_list(ctx, status, as_json):
+    """The project's jobs, newest first."""
+    api = _api(ctx)
+    answer = api.call("GET", f"/api/projects/{_project(api)}/jobs", params={"status": status} if status else None)
+    if as_json:
+        click.echo(json.dumps(answer["items"], indent=2))
+        return
+    click.echo(f"{'ID':>6}  {'STATUS':10} {'CREATOR':12} {'COMPUTER':16} {'GPUS':8} NAME")
+    for job in answer["items"]:
+        flag = " (not responding)" if job.get("unresponsive") else ""
+        click.echo(f"{job['id']:>6}  {job['status']:10} {job['created_by'][:12]:12} {job['computer']['name'][:16]:16} "
+                   f"{','.join(job['gpu_ids']) or '-':8} {job['name']}{flag}")
+
+
+@jobs.command("logs")
+@click.argument("job_id", type=int)
+@click.option("--follow", "-f", is_flag=True, help="Keep printing until the job ends.")
+@click.option("--interval", default=1.0, show_default=True, type=click.FloatRange(0.1, 60))
+@click.pass_context
+def jobs_logs(ctx, job_id, follow, interval):
+    """Print a job's stdout and stderr (stderr to stderr)."""
+    api = _api(ctx)
+    after = 0
+    while True:
+        page = api.call("GET", f"/api/jobs/{job_id}/logs", params={"after": after})
+        for chunk in page["items"]:
+            click.echo(chunk["data"], nl=False, err=chunk["stream"] == "stderr")
+        after = page["next"]
+        if page["items"]:
+            continue
+        if not follow or page["status"] in ("finished", "failed", "canceled"):
+            if follow:
+                click.echo(f"[job {job_id} {page['status']}]", err=True)
+            return
+        time.sleep(interval)
+
+
+@jobs.command("stop")
+@click.argument("job_id", type=int)
+@click.pass_context
+def jobs_stop(ctx, job_id):
+    """Request stop: SIGTERM, SIGKILL after 10 s, then the job ends as canceled."""
+    job = _api(ctx).call("POST", f"/api/jobs/{job_id}/stop")
+    if job["status"] == "canceled":
+        click.echo(f"Job {job_id} was canceled.")
+    else:
+        click.echo(f"Stop requested for job {job_id}; the worker stops it and it ends as canceled.")
