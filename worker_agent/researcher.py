@@ -57,7 +57,25 @@ class Api:
 
 
 def _api(ctx: click.Context) -> Api:
-    return ctx.obj
+    """The API client, built on first use so that --help works without any configuration."""
+    root = ctx.find_root()
+    if isinstance(root.obj, Api):
+        return root.obj
+    settings = root.obj or {}
+    token = os.environ.get("MMT_API_TOKEN", "").strip()
+    if settings.get("token_file"):
+        try:
+            token = Path(settings["token_file"]).read_text().strip()
+        except OSError as error:
+            raise click.ClickException(f"Cannot read the token file {settings['token_file']}: "
+                                       f"{error.strerror}.") from None
+    if not settings.get("api_url"):
+        raise click.ClickException("Set MMT_API_URL (or --api-url) to the address of the Mado server.")
+    if not token:
+        raise click.ClickException("Set MMT_API_TOKEN, or MMT_API_TOKEN_FILE to a file holding your API token "
+                                   "(Project settings → Project tokens → Issue personal token).")
+    root.obj = Api(settings["api_url"], token)
+    return root.obj
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -68,20 +86,7 @@ def _api(ctx: click.Context) -> Api:
 @click.pass_context
 def main(ctx: click.Context, api_url: str | None, token_file: str | None) -> None:
     """Work with Mado Compute from the command line."""
-    if ctx.resilient_parsing or "--help" in sys.argv or "-h" in sys.argv:
-        return
-    token = os.environ.get("MMT_API_TOKEN", "").strip()
-    if token_file:
-        try:
-            token = Path(token_file).read_text().strip()
-        except OSError as error:
-            raise click.ClickException(f"Cannot read the token file {token_file}: {error.strerror}.") from None
-    if not api_url:
-        raise click.ClickException("Set MMT_API_URL (or --api-url) to the address of the Mado server.")
-    if not token:
-        raise click.ClickException("Set MMT_API_TOKEN, or MMT_API_TOKEN_FILE to a file holding your API token "
-                                   "(Project settings → Project tokens → Issue personal token).")
-    ctx.obj = Api(api_url, token)
+    ctx.obj = {"api_url": api_url, "token_file": token_file}
 
 
 @main.group()
@@ -104,6 +109,14 @@ def _parse_param(values: tuple[str, ...]) -> dict:
         except ValueError:
             params[name] = raw
     return params
+
+
+def _git_source(value: str) -> dict:
+    """URL@REF; an '@' inside the URL (git@host:org/repo.git) is not a ref separator."""
+    url, sep, ref = value.rpartition("@")
+    if not sep or not ref or "/" in ref or ":" in ref or not url:
+        return {"kind": "git", "url": value, "ref": "HEAD"}
+    return {"kind": "git", "url": url, "ref": ref}
 
 
 def _archive(directory: Path) -> Path:
@@ -165,8 +178,7 @@ def jobs_create(ctx, computer, runtime, image, gpus, requirements, source, git_s
     if requirements:
         body["requirements"] = Path(requirements).read_text()
     if git_source:
-        url, _, ref = git_source.rpartition("@") if "@" in git_source.split("/")[-1] else (git_source, "", "")
-        body["source"] = {"kind": "git", "url": url or git_source, "ref": ref or "HEAD"}
+        body["source"] = _git_source(git_source)
     if source:
         uploaded = _upload_source(api, project, Path(source))
         body["source"] = {"kind": "archive", "id": uploaded["id"]}
