@@ -419,7 +419,16 @@ class ConnectionPool:
                 existing = self._connections.get(target)
             if existing is not None:
                 return existing.open()
-        connection = self._new(target).open()
+        try:
+            connection = self._new(target).open()
+        except ConnectError:
+            if fresh:
+                # The files no longer let us in: an older transport must not keep serving reads.
+                with self._lock:
+                    stale = self._connections.pop(target, None)
+                if stale is not None:
+                    stale.retire()
+            raise
         with self._lock:
             old = self._connections.get(target)
             self._connections[target] = connection

@@ -265,3 +265,21 @@ def test_the_probe_script_needs_only_the_standard_library():
                                "import sys; exec(compile(sys.stdin.read(), 'probe', 'exec'))"],
                               input=probe.PROBE_SOURCE, text=True, capture_output=True)
     assert compiled.returncode == 0, compiled.stderr
+
+
+def test_a_failed_check_also_closes_the_transport_reads_were_using(sshd, tmp_path):
+    from worker_agent.reads import read_directory
+
+    known_hosts = tmp_path / "known_hosts"
+    shutil.copy(sshd.known_hosts_path, known_hosts)
+    fields = sshd.connection(known_hosts_path=str(known_hosts))
+    pool = ConnectionPool()
+    try:
+        assert read_directory(fields, "/", pool)[1] is None
+        other = keygen(tmp_path / "other_host")
+        known_hosts.write_text(f"[127.0.0.1]:{sshd.port} {' '.join(other.split()[:2])}\n")
+        status, result = run_check(computer(sshd, known_hosts_path=str(known_hosts)), pool)
+        assert result["items"][0]["code"] == "host_key_changed"
+        assert read_directory(fields, "/", pool) == ([], "connect_failed"), "no read over the old transport"
+    finally:
+        pool.close_all()

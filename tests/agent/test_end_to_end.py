@@ -44,7 +44,8 @@ class Api:
 
 
 class WorkerProcess:
-    def __init__(self, base: str, token: str, state_dir: Path, home: Path, ssh_dir: Path, worker_id="lab-worker-1"):
+    def __init__(self, base: str, token: str, state_dir: Path, home: Path, ssh_dir: Path, worker_id="lab-worker-1",
+                 args=("run",)):
         self.state_dir = state_dir
         env = {k: v for k, v in os.environ.items() if not k.startswith(("MMT_", "MADO_"))}
         env.update(HOME=str(home), MMT_API_URL=base, MMT_API_TOKEN=token, MMT_WORKER_ID=worker_id,
@@ -52,7 +53,7 @@ class WorkerProcess:
                    MMT_WORKER_CLAIM_WAIT=str(CLAIM_WAIT))
         self.log = state_dir.parent / f"{worker_id}-{uuid.uuid4().hex[:6]}.log"
         self.log_file = open(self.log, "wb")
-        self.process = subprocess.Popen([WORKER, "run"], env=env, stdout=self.log_file, stderr=subprocess.STDOUT,
+        self.process = subprocess.Popen([WORKER, *args], env=env, stdout=self.log_file, stderr=subprocess.STDOUT,
                                         stdin=subprocess.DEVNULL)
 
     def output(self) -> str:
@@ -244,3 +245,15 @@ def test_a_token_without_worker_scope_is_refused(setup):
     worker = setup.start(token=token, state_dir=setup.state_dir.parent / "state-read-only")
     assert worker.process.wait(timeout=20) == 1
     assert "lacks the worker:execute scope" in worker.output() and token not in worker.output()
+
+
+
+def test_run_once_announces_handles_what_waits_and_exits(setup):
+    first = setup.start(args=("run", "--once"))
+    assert first.process.wait(timeout=30) == 0, first.output()
+    assert setup.online() is not None, "one hello makes the worker online"
+    url = f"/api/computers/{setup.computer.pk}/checks"
+    check = setup.admin.post(url, {"worker_id": "lab-worker-1"})
+    second = setup.start(args=("run", "--once"))
+    assert second.process.wait(timeout=60) == 0, second.output()
+    assert setup.admin.get(f"{url}/{check['id']}")["status"] == "succeeded"
