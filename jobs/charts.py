@@ -7,8 +7,8 @@ from dataclasses import dataclass
 from django.utils.html import escape
 from django.utils.safestring import SafeString, mark_safe
 
-WIDTH, HEIGHT = 560, 220
-LEFT, RIGHT, TOP, BOTTOM = 64, 16, 14, 30
+WIDTH, HEIGHT = 480, 200
+LEFT, RIGHT, TOP, BOTTOM = 56, 14, 12, 26
 MAX_POINTS = 800          # drawn per chart; more would not show on 480 pixels anyway
 MAX_ROWS = 100_000        # loaded per job page
 
@@ -89,10 +89,10 @@ def line_chart(name: str, points: list[tuple[int, float]], *, width: int = WIDTH
         value = y_low + (y_high - y_low) * i / 4
         gy = y(value)
         parts.append(f'<line class="grid" stroke="#e3e6ec" x1="{LEFT}" y1="{gy:.1f}" x2="{width - RIGHT}" y2="{gy:.1f}"/>'
-                     f'<text class="tick" font-size="11" fill="#5b6475" x="{LEFT - 6}" y="{gy + 4:.1f}" text-anchor="end">{_number(value)}</text>')
+                     f'<text class="tick" font-size="12" fill="#5b6475" x="{LEFT - 6}" y="{gy + 4:.1f}" text-anchor="end">{_number(value)}</text>')
     for step in sorted({x_low, (x_low + x_high) / 2, x_high}):
         shown = int(step) if float(step).is_integer() else round(step, 1)
-        parts.append(f'<text class="tick" font-size="11" fill="#5b6475" x="{x(step):.1f}" y="{height - 10}" text-anchor="middle">{shown}</text>')
+        parts.append(f'<text class="tick" font-size="12" fill="#5b6475" x="{x(step):.1f}" y="{height - 8}" text-anchor="middle">{shown}</text>')
     parts.append(f'<line class="axis" stroke="#9aa3b2" x1="{LEFT}" y1="{TOP + plot_h}" x2="{width - RIGHT}" y2="{TOP + plot_h}"/>'
                  f'<line class="axis" stroke="#9aa3b2" x1="{LEFT}" y1="{TOP}" x2="{LEFT}" y2="{TOP + plot_h}"/>')
     coordinates = " ".join(f"{x(s):.2f},{y(v):.2f}" for s, v in drawn)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import shlex
+from datetime import timedelta
 from pathlib import PurePosixPath
 
 from django.contrib.auth.decorators import login_required
@@ -19,8 +20,10 @@ from django.http import FileResponse, Http404, HttpResponse, StreamingHttpRespon
 from django.shortcuts import get_object_or_404, redirect, render
 from django.template.loader import render_to_string
 from django.urls import reverse
+from django.utils import timezone
+from django.utils.timesince import timesince
 from django.utils.translation import gettext as _
-from django.utils.translation import gettext_lazy
+from django.utils.translation import gettext_noop
 from django.views.decorators.http import require_GET, require_http_methods
 from django_htmx.http import HttpResponseStopPolling
 
@@ -37,14 +40,16 @@ from mado.services import Actor
 LIST_PAGE = 50
 LOG_TAIL = 2000   # chunks shown when the page opens; the whole log is a download away
 LOG_PAGE = 500    # chunks per poll, so a burst of output catches up in a few polls
+# The timeline's messages are written by jobs.services in English ("Claimed by worker w1"); the page
+# shows the kind in the reader's language and the rest of the message after it.
 EVENT_LABELS = {
-    "created": gettext_lazy("Created"),
-    "claimed": gettext_lazy("Claimed"),
-    "started": gettext_lazy("Started"),
-    "stop_requested": gettext_lazy("Stop requested"),
-    "finished": gettext_lazy("Finished"),
-    "failed": gettext_lazy("Failed"),
-    "canceled": gettext_lazy("Canceled"),
+    "created": gettext_noop("Created"),
+    "claimed": gettext_noop("Claimed"),
+    "started": gettext_noop("Started"),
+    "stop_requested": gettext_noop("Stop requested"),
+    "finished": gettext_noop("Finished"),
+    "failed": gettext_noop("Failed"),
+    "canceled": gettext_noop("Canceled"),
 }
 
 
@@ -59,7 +64,8 @@ def job_list(request, project):
     context = {
         "project": project,
         "page": page,
-        "rows": [{"job": job, "refusal": access.stop_refusal(request.user, job)} for job in page],
+        "rows": [{"job": job, "refusal": access.stop_refusal(request.user, job), "age": _age(job.created_at)}
+                 for job in page],
         # The list polls while something can still change by itself.
         "polling": jobs.filter(status__in=ACTIVE_STATUSES).exists(),
         "can_create": identity.has_role(request.user, project, Role.MEMBER),
@@ -191,15 +197,30 @@ def _panels(request, job: Job) -> dict:
         "project": job.project,
         "job": job,
         "refusal": access.stop_refusal(request.user, job),
-        "timeline": [(event, EVENT_LABELS.get(event.kind, event.kind)) for event in events],
+        "timeline": [_timeline_entry(event) for event in events],
         "command_line": shlex.join(job.command) if isinstance(job.command, list) else str(job.command),
         "walltime": _duration(job.walltime_seconds),
+        "heartbeat_age": _age(job.heartbeat_at) if job.heartbeat_at else "",
         "charts": charts,
         "charts_truncated": charts_truncated,
         "artifacts": artifacts,
         "parameters": json.dumps(job.parameters, indent=2, ensure_ascii=False, sort_keys=True),
         "version": hashlib.sha256(version.encode()).hexdigest()[:16],
     }
+
+
+def _timeline_entry(event) -> tuple:
+    english = EVENT_LABELS.get(event.kind)
+    if english is None:
+        return event, event.kind, event.message
+    rest = event.message[len(english):].strip() if event.message.startswith(english) else event.message
+    return event, _(english), rest
+
+
+def _age(moment) -> str:
+    if timezone.now() - moment < timedelta(minutes=1):
+        return _("just now")
+    return _("%(age)s ago") % {"age": timesince(moment, depth=1)}
 
 
 def _duration(seconds: int | None) -> str:
