@@ -83,8 +83,8 @@ def line_chart(name: str, points: list[tuple[int, float]], *, width: int = WIDTH
         return TOP + (1 - (value - y_low) / (y_high - y_low)) * plot_h
 
     label = escape(name)
-    parts = [f'<svg class="chart" viewBox="0 0 {width} {height}" width="{width}" height="{height}" role="img" '
-             f'aria-label="{label}" xmlns="http://www.w3.org/2000/svg"><title>{label}</title>']
+    parts = [(f'<svg class="chart" viewBox="0 0 {width} {height}" width="{width}" height="{height}" role="img" '
+              f'aria-label="{label}" xmlns="http://www.w3.org/2000/svg"><title>{label}</title>')]
     for i in range(5):  # horizontal grid with values
         value = y_low + (y_high - y_low) * i / 4
         gy = y(value)

@@ -79,7 +79,7 @@ class ThreadWorker:
                                                {**lease, "status": "canceled", "exit_code": 143})
                     return
                 time.sleep(self.beat)
-        except Exception as error:  # reported by the test, which fails on it
+        except Exception as error:  # noqa: BLE001  (reported by the test, which fails on it)
             self.errors.append(repr(error))
 
 

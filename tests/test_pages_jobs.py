@@ -18,7 +18,7 @@ from jobs.forms import parse_walltime
 from jobs.models import Artifact, Job, LogChunk, Metric
 from jobs.views import LOG_PAGE
 from mado.services import Actor
-from tests.job_fixtures import JobWorker, gpu_box, gpu_computer, job_worker  # noqa: F401
+from tests.job_fixtures import JobWorker, gpu_computer
 
 HTMX = {"HTTP_HX_REQUEST": "true"}
 
@@ -62,7 +62,7 @@ def send_logs(worker: JobWorker, item: dict, *texts: str, stream="stdout", start
 
 
 def row_of(page: str, job: Job) -> str:
-    match = re.search(rf'<tr data-job="{job.pk}">(.*?)</tr>', page, re.S)
+    match = re.search(rf'<tr data-job="{job.pk}">(.*?)</tr>', page, re.DOTALL)
     assert match, page
     return match.group(1)
 
@@ -73,7 +73,7 @@ def field_errors(page: str, field: str) -> str:
     assert start >= 0, f"no field {field} in the page"
     ends = [i for i in (page.find('data-field="', start + 1), page.find("<footer", start)) if i >= 0]
     block = page[start:min(ends)]
-    errors = re.findall(r'class="errors" role="alert">(.*?)</div>', block, re.S)
+    errors = re.findall(r'class="errors" role="alert">(.*?)</div>', block, re.DOTALL)
     return re.sub(r"<[^>]+>", " ", " ".join(errors))
 
 
@@ -470,14 +470,14 @@ class TestJobPage:
         signed_in(client, world.viewer)
         page = html(client.get(urls(job)["detail"]))
         assert page.count('<svg class="chart"') == 2
-        loss = re.search(r'data-metric="loss">(.*?)</figure>', page, re.S).group(1)
+        loss = re.search(r'data-metric="loss">(.*?)</figure>', page, re.DOTALL).group(1)
         points = re.search(r'<polyline[^>]*points="([^"]+)"', loss).group(1).split()
         assert len(points) == 20
         xs = [float(p.split(",")[0]) for p in points]
         ys = [float(p.split(",")[1]) for p in points]
         assert xs == sorted(xs) and ys == sorted(ys)  # steps left to right; loss falls, so y grows downwards
         assert "last 0.05 at step 19" in loss
-        assert '<polyline' in re.search(r'data-metric="accuracy">(.*?)</figure>', page, re.S).group(1)
+        assert '<polyline' in re.search(r'data-metric="accuracy">(.*?)</figure>', page, re.DOTALL).group(1)
 
     def test_a_chart_escapes_the_metric_name_and_thins_long_series_keeping_spikes(self):
         svg = charts.line_chart('<script>alert(1)</script>', [(0, 1.0), (1, 2.0)])
