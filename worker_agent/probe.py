@@ -33,6 +33,17 @@ def probe_script(params: dict) -> bytes:
     return (PROBE_SOURCE + f"\n\nmain(json.loads({json.dumps(json.dumps(params))}))\n").encode("utf-8")
 
 
+RESULT_MARKER = "@@mado-probe-result@@ "
+
+
+def parse_probe_output(stdout: bytes) -> dict | None:
+    """The probe's JSON, found after its marker (a login shell may have printed other lines)."""
+    for line in reversed(stdout.decode("utf-8", "replace").splitlines()):
+        if line.startswith(RESULT_MARKER):
+            return json.loads(line[len(RESULT_MARKER):])
+    return None
+
+
 def _scrub(value, secrets: tuple[str, ...]):
     """Drop any reported string that names the key or known_hosts file (the server refuses those)."""
     if isinstance(value, str):
@@ -93,7 +104,7 @@ def run_check(computer: dict, pool: ConnectionPool, *, api_url: str = "") -> tup
     try:
         ran = connection.run(["sh", "-c", BOOTSTRAP, "sh", params["python_path"]], stdin=probe_script(params),
                              timeout=max(5.0, PROBE_TIMEOUT - (time.monotonic() - started)))
-        probe = json.loads(ran.stdout.decode("utf-8")) if ran.ok else None
+        probe = parse_probe_output(ran.stdout) if ran.ok else None
     except (CommandTimeout, ConnectError, ValueError) as exc:
         log.warning("the probe on %s failed: %s", target.label, type(exc).__name__)
         probe, ran = None, None

@@ -20,13 +20,14 @@ ERRORS = ("not_found", "permission_denied", "connect_failed", "not_a_directory")
 LIST_SCRIPT = r'''
 d=$1
 case $d in "~") d=$HOME ;; "~/"*) d="$HOME/${d#"~/"}" ;; esac
-if [ ! -e "$d" ] && [ ! -L "$d" ]; then echo "ERR not_found"; exit 0; fi
+m=@@mado-list@@
+if [ ! -e "$d" ] && [ ! -L "$d" ]; then echo "$m ERR not_found"; exit 0; fi
 if [ ! -d "$d" ]; then
-  if [ -e "$d" ]; then echo "ERR not_a_directory"; else echo "ERR not_found"; fi; exit 0
+  if [ -e "$d" ]; then echo "$m ERR not_a_directory"; else echo "$m ERR not_found"; fi; exit 0
 fi
-if [ ! -r "$d" ] || [ ! -x "$d" ]; then echo "ERR permission_denied"; exit 0; fi
-cd -- "$d" 2>/dev/null || { echo "ERR permission_denied"; exit 0; }
-echo "OK"
+if [ ! -r "$d" ] || [ ! -x "$d" ]; then echo "$m ERR permission_denied"; exit 0; fi
+cd -- "$d" 2>/dev/null || { echo "$m ERR permission_denied"; exit 0; }
+echo "$m OK"
 for f in * .[!.]* ..?*; do
   if [ -L "$f" ]; then k=symlink
   elif [ -d "$f" ]; then k=dir
@@ -39,8 +40,15 @@ done
 '''
 
 
+MARKER = b"@@mado-list@@ "
+
+
 def parse_listing(stdout: bytes) -> tuple[list[dict], str | None]:
-    head, _, rest = stdout.partition(b"\n")
+    # Anything a login shell printed before our header is skipped; names only come after it.
+    start = 0 if stdout.startswith(MARKER) else stdout.find(b"\n" + MARKER) + 1
+    if start == 0 and not stdout.startswith(MARKER):
+        raise ValueError("no listing header")
+    head, _, rest = stdout[start + len(MARKER):].partition(b"\n")
     head = head.strip()
     if head.startswith(b"ERR "):
         error = head[4:].decode("ascii", "replace").strip()

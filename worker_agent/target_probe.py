@@ -21,6 +21,7 @@ WORKDIR_FS = ("ext2", "ext3", "ext4", "xfs", "btrfs", "zfs", "nfs", "nfs4", "cif
 SYSTEM_PREFIXES = ("/proc", "/sys", "/dev", "/run", "/boot", "/snap", "/var/lib/docker", "/var/lib/containers",
                    "/etc", "/usr", "/bin", "/sbin", "/lib", "/var/snap")
 MAX_WORKDIRS = 50
+RESULT_MARKER = "@@mado-probe-result@@ "  # a login shell may print its own lines first
 MAX_PYTHONS = 20
 
 _ENV = dict(os.environ)
@@ -403,5 +404,5 @@ def main(params):
     items.append(check_api(params.get("api_url") or ""))
     result = {"items": items, "machine": machine(), "pythons": candidates, "workdirs": workdir_candidates(),
               "gpus": gpus}
-    sys.stdout.write(json.dumps(result))
+    sys.stdout.write("\n" + RESULT_MARKER + json.dumps(result) + "\n")
     sys.stdout.flush()

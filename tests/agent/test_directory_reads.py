@@ -4,6 +4,8 @@ from __future__ import annotations
 import os
 import socket
 
+import pytest
+
 from tests.agent.conftest import chown_tree
 from worker_agent.reads import MAX_ENTRIES, parse_listing, read_directory
 from worker_agent.ssh import ConnectionPool
@@ -86,7 +88,9 @@ def test_a_home_relative_path_reads_the_login_users_home(sshd, pool):
     assert error is None and ".profile" in {e["name"] for e in entries}
 
 
-def test_the_listing_parser_ignores_garbage():
-    entries, error = parse_listing(b"OK\ndir/a\0weird/b\0file/\0exec/c\0")
-    assert (entries, error) == ([{"name": "a", "kind": "dir"}, {"name": "c", "kind": "exec"}], None)
-    assert parse_listing(b"ERR not_found\n") == ([], "not_found")
+def test_the_listing_parser_skips_login_shell_noise_and_garbage():
+    noisy = b"Welcome to gpu-host-1!\n@@mado-list@@ OK\ndir/a\0weird/b\0file/\0exec/c\0"
+    assert parse_listing(noisy) == ([{"name": "a", "kind": "dir"}, {"name": "c", "kind": "exec"}], None)
+    assert parse_listing(b"@@mado-list@@ ERR not_found\n") == ([], "not_found")
+    with pytest.raises(ValueError):
+        parse_listing(b"bash: sh: command not found\n")

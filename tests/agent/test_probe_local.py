@@ -146,3 +146,11 @@ def test_a_result_never_carries_the_key_path_even_if_the_target_prints_it(tmp_pa
     text = json.dumps(result)
     assert str(key_dir / "jobs") not in text
     assert items(result)["work_directory"]["status"] == "ok" and items(result)["work_directory"]["detail"] == ""
+
+
+def test_the_probe_result_is_found_after_login_shell_noise():
+    from worker_agent.probe import parse_probe_output
+
+    out = b"motd: maintenance on Friday\n\n@@mado-probe-result@@ {\"items\": []}\n"
+    assert parse_probe_output(out) == {"items": []}
+    assert parse_probe_output(b"nothing here\n") is None
