@@ -1,12 +1,11 @@
 """The jobs API for people and for job tokens."""
 from __future__ import annotations
 
+from django.http import FileResponse
 from drf_spectacular.utils import OpenApiParameter, OpenApiTypes, extend_schema
 from rest_framework import exceptions
 from rest_framework.response import Response
 from rest_framework.views import APIView
-
-from django.http import FileResponse
 
 from jobs import access, outputs, services
 from jobs.serializers import artifact_body, job_body, log_body, metric_body

@@ -10,8 +10,8 @@ from pathlib import Path
 
 from django.conf import settings
 from django.db import transaction
-from django.utils.dateparse import parse_datetime
 from django.utils import timezone
+from django.utils.dateparse import parse_datetime
 
 from jobs import results, storage
 from jobs.choices import HELD_STATUSES

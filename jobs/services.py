@@ -10,8 +10,6 @@ import re
 import shlex
 import uuid
 
-
-
 from django.db import IntegrityError, transaction
 from django.db.models import Count, F, Q
 from django.utils import timezone

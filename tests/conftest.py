@@ -10,6 +10,9 @@ from mado import services
 from mado.choices import Role, TokenKind
 from mado.models import Membership, Project
 
+# Fixture modules shared by many test files (computers, scripted workers, jobs).
+pytest_plugins = ["tests.computer_fixtures", "tests.job_fixtures"]
+
 ALL_MEMBER_SCOPES = ["read", "jobs:write", "runs:write", "artifacts:write", "registry:write", "admin"]
 WORKER_SCOPES = ["read", "worker:execute", "artifacts:write"]
 

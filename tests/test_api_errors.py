@@ -81,8 +81,9 @@ def test_422_for_an_invalid_service_account_name(world):
 
 
 def test_500_under_api_is_json(world, client, settings):
-    from mado.views import server_error
     from django.test import RequestFactory
+
+    from mado.views import server_error
 
     response = server_error(RequestFactory().get("/api/projects"))
     assert response.status_code == 500

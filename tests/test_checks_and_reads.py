@@ -11,7 +11,7 @@ from rest_framework.test import APIClient
 
 from computers.models import ConnectionCheck, DirectoryRead
 from mado.models import AuditEvent
-from tests.computer_fixtures import ScriptedWorker, computers, failed_result, good_result  # noqa: F401
+from tests.computer_fixtures import ScriptedWorker, failed_result, good_result
 from tests.conftest import assert_error
 
 

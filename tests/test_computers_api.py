@@ -10,7 +10,7 @@ from computers import locks, services
 from computers.models import ComputeTarget
 from mado.models import AuditEvent
 from mado.services import Actor
-from tests.computer_fixtures import SSH_FIELDS, computers  # noqa: F401  (fixture)
+from tests.computer_fixtures import SSH_FIELDS
 from tests.conftest import assert_error, bearer
 
 SECRET_VALUES = [SSH_FIELDS["host"], SSH_FIELDS["ssh_key_path"], SSH_FIELDS["known_hosts_path"]]

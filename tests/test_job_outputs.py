@@ -12,7 +12,7 @@ from rest_framework.test import APIClient
 
 from jobs.models import Artifact, Job, Metric
 from tests.conftest import assert_error, bearer
-from tests.job_fixtures import JobWorker, gpu_box, gpu_computer, job_request, job_worker  # noqa: F401
+from tests.job_fixtures import job_request
 
 
 def session(user) -> APIClient:

@@ -10,9 +10,8 @@ from rest_framework.test import APIClient
 
 from jobs.models import GpuReservation, Job, LogChunk, Metric
 from mado.models import AuditEvent, JobToken
-
 from tests.conftest import assert_error, bearer
-from tests.job_fixtures import JobWorker, gpu_box, gpu_computer, job_request, job_worker  # noqa: F401
+from tests.job_fixtures import JobWorker, gpu_computer, job_request
 
 
 def session(user) -> APIClient:
@@ -249,7 +248,7 @@ class TestStop:
 class TestJobTokens:
     @pytest.fixture
     def running(self, world, gpu_box, job_worker):
-        job = create(world, gpu_box)
+        create(world, gpu_box)
         other = create(world, gpu_box)
         item = job_worker.claim()
         job_worker.heartbeat(item, "running")

@@ -2,8 +2,8 @@
 from __future__ import annotations
 
 from django.conf import settings
-from django.http import FileResponse
 from django.db import transaction
+from django.http import FileResponse
 from drf_spectacular.utils import OpenApiTypes, extend_schema
 from rest_framework import exceptions
 from rest_framework.response import Response
