@@ -14,6 +14,7 @@ from computers import access as computer_access
 from computers.choices import Runtime
 from computers.models import ComputeTarget
 from jobs.services import CONTAINER_RUNTIMES
+from mado.forms import add_service_error as shared_add_service_error
 
 # Service error fields that have a different name in this form.
 SERVICE_FIELDS = {"walltime_seconds": "walltime"}
@@ -147,19 +148,7 @@ def parse_walltime(text: str) -> int | None:
     return None
 
 
+
 def add_service_error(form: forms.Form, error) -> None:
-    """Put a refusal from create_job under the fields it names: each field's own sentences for an
-    invalid job, the whole sentence under the one field otherwise (computer not available…)."""
-    fields = {SERVICE_FIELDS.get(name, name): messages for name, messages in error.fields.items()}
-    known = {name: messages for name, messages in fields.items() if name in form.fields}
-    if error.code == "invalid_job" and known:
-        for name, messages in known.items():
-            for message in messages:
-                form.add_error(name, message)
-        rest = [m for name, messages in fields.items() if name not in form.fields for m in messages]
-        if rest:
-            form.add_error(None, " ".join(rest))
-    elif known:
-        form.add_error(next(iter(known)), error.message)
-    else:
-        form.add_error(None, error.message)
+    """create_job names its own fields; some differ from the form's (see SERVICE_FIELDS)."""
+    shared_add_service_error(form, error, renamed=SERVICE_FIELDS)

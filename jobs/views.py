@@ -34,6 +34,7 @@ from jobs.forms import JobForm, add_service_error
 from jobs.models import Job
 from mado import access as identity
 from mado.choices import Role
+from mado.dialogs import dialog, dialog_done
 from mado.errors import ServiceError
 from mado.services import Actor
 
@@ -252,25 +253,10 @@ def job_stop(request, project, pk):
             error = refused.message
             job.refresh_from_db()
         else:
-            return _dialog_done(request, back)
+            return dialog_done(request, "jobsChanged", back)
     context = {"project": job.project, "job": job, "refusal": access.stop_refusal(request.user, job),
                "error": error, "origin": origin or "detail", "queued": job.status == "queued"}
     # A refusal (the job ended meanwhile) is shown in the dialog with 200: htmx swaps no 4xx answer.
-    return _dialog(request, "jobs/partials/_stop_dialog.html", context, back=back)
+    return dialog(request, "jobs/partials/_stop_dialog.html", context, back=back, page="jobs/dialog_page.html")
 
-
-def _dialog(request, fragment: str, context: dict, *, back: str):
-    """The dialog's content for HTMX, or the same content as a whole page without it."""
-    context = {**context, "back_url": back}
-    if request.htmx:
-        return render(request, fragment, context)
-    return render(request, "jobs/dialog_page.html", {**context, "fragment": fragment})
-
-
-def _dialog_done(request, fallback_url: str):
-    if request.htmx:
-        response = HttpResponse(status=204)
-        response["HX-Trigger"] = json.dumps({"jobsChanged": True, "closeDialog": True})
-        return response
-    return redirect(fallback_url)
 

@@ -27,3 +27,22 @@ class TokenForm(forms.Form):
         self.fields["scopes"].choices = [(scope, scope) for scope in allowed_scopes]
         if "read" in allowed_scopes:
             self.fields["scopes"].initial = ["read"]
+
+
+def add_service_error(form: forms.Form, error, *, renamed: dict[str, str] | None = None) -> None:
+    """Show a refusal from a service on the form: with several fields named, each field gets its own
+    sentences; with one, it gets the whole sentence; otherwise the sentence goes above the form.
+    `renamed` maps service field names to form field names where they differ."""
+    fields = {(renamed or {}).get(name, name): messages for name, messages in error.fields.items()}
+    known = {name: messages for name, messages in fields.items() if name in form.fields}
+    if len(known) > 1:
+        for name, messages in known.items():
+            for message in messages:
+                form.add_error(name, message)
+        rest = [m for name, messages in fields.items() if name not in form.fields for m in messages]
+        if rest:
+            form.add_error(None, " ".join(rest))
+    elif known:
+        form.add_error(next(iter(known)), error.message)
+    else:
+        form.add_error(None, error.message)

@@ -4,7 +4,6 @@ from __future__ import annotations
 import json
 
 from django.contrib.auth.decorators import login_required
-from django.http import HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.utils.translation import gettext as _
@@ -12,9 +11,10 @@ from django.views.decorators.http import require_http_methods, require_POST
 
 from mado import access, services
 from mado.choices import Role, TokenKind
+from mado.dialogs import dialog, dialog_done
 from mado.errors import ServiceError
 from mado.exceptions import json_not_found, json_server_error
-from mado.forms import ServiceAccountForm, TokenForm
+from mado.forms import ServiceAccountForm, TokenForm, add_service_error
 from mado.models import ApiToken, ServiceAccount
 
 
@@ -39,10 +39,11 @@ def global_settings(request):
 @login_required
 def project_home(request, project):
     project = access.project_for_user(request.user, project)
+    role = Role(access.project_role(request.user, project))
     return render(request, "mado/project_home.html", {
         "project": project,
-        "role": access.project_role(request.user, project),
-        "is_project_admin": access.has_role(request.user, project, Role.ADMIN),
+        "role_label": role.label,
+        "is_project_admin": role == Role.ADMIN,
     })
 
 
@@ -67,10 +68,10 @@ def service_account_create(request, project):
         try:
             services.create_service_account(services.Actor.from_request(request), project, **form.cleaned_data)
         except ServiceError as error:
-            _add_service_error(form, error)
+            add_service_error(form, error)
         else:
-            return _dialog_done(request, "serviceAccountsChanged", reverse("service-accounts", args=[project.slug]))
-    return _dialog(request, "mado/partials/_service_account_form.html", {"project": project, "form": form},
+            return dialog_done(request, "serviceAccountsChanged", reverse("service-accounts", args=[project.slug]))
+    return dialog(request, "mado/partials/_service_account_form.html", {"project": project, "form": form},
                    back=reverse("service-accounts", args=[project.slug]))
 
 
@@ -92,11 +93,11 @@ def service_account_token_create(request, project, account_id):
                 services.Actor.from_request(request), account, **form.cleaned_data
             )
         except ServiceError as error:
-            _add_service_error(form, error)
+            add_service_error(form, error)
         else:
             return _token_shown_once(request, project, token, plaintext, holder=account.name,
                                      back=reverse("service-accounts", args=[project.slug]))
-    return _dialog(request, "mado/partials/_token_form.html", context, back=reverse("service-accounts", args=[project.slug]))
+    return dialog(request, "mado/partials/_token_form.html", context, back=reverse("service-accounts", args=[project.slug]))
 
 
 @login_required
@@ -106,8 +107,8 @@ def service_account_disable(request, project, account_id):
     account = get_object_or_404(ServiceAccount, pk=account_id, project=project)
     if request.method == "POST":
         services.disable_service_account(services.Actor.from_request(request), account)
-        return _dialog_done(request, "serviceAccountsChanged", reverse("service-accounts", args=[project.slug]))
-    return _dialog(request, "mado/partials/_service_account_disable.html", {"project": project, "account": account},
+        return dialog_done(request, "serviceAccountsChanged", reverse("service-accounts", args=[project.slug]))
+    return dialog(request, "mado/partials/_service_account_disable.html", {"project": project, "account": account},
                    back=reverse("service-accounts", args=[project.slug]))
 
 
@@ -139,11 +140,11 @@ def personal_token_create(request, project):
             token, plaintext = services.issue_personal_token(services.Actor.from_request(request), project,
                                                              **form.cleaned_data)
         except ServiceError as error:
-            _add_service_error(form, error)
+            add_service_error(form, error)
         else:
             return _token_shown_once(request, project, token, plaintext, holder=request.user.username,
                                      back=reverse("project-tokens", args=[project.slug]))
-    return _dialog(request, "mado/partials/_token_form.html", context, back=reverse("project-tokens", args=[project.slug]))
+    return dialog(request, "mado/partials/_token_form.html", context, back=reverse("project-tokens", args=[project.slug]))
 
 
 @login_required
@@ -175,38 +176,10 @@ def server_error(request):
 
 # helpers ----------------------------------------------------------------------------------------
 
-def _dialog(request, fragment: str, context: dict, *, back: str):
-    """A dialog's content for HTMX, or the same form as a whole page without it; `back` is where the
-    whole page's Cancel/Done lead (in the dialog they just close it)."""
-    context = {**context, "back_url": back}
-    if request.htmx:
-        return render(request, fragment, context)
-    return render(request, "mado/dialog_page.html", {**context, "fragment": fragment})
-
-
-def _dialog_done(request, event: str, fallback_url: str):
-    if request.htmx:
-        response = HttpResponse(status=204)
-        response["HX-Trigger"] = json.dumps({event: True, "closeDialog": True})
-        return response
-    return redirect(fallback_url)
-
-
 def _token_shown_once(request, project, token, plaintext, *, holder: str, back: str):
     context = {"project": project, "token": token, "plaintext": plaintext, "holder": holder}
-    response = _dialog(request, "mado/partials/_token_issued.html", context, back=back)
+    response = dialog(request, "mado/partials/_token_issued.html", context, back=back)
     response["Cache-Control"] = "no-store"
     if request.htmx:
         response["HX-Trigger"] = json.dumps({"tokensChanged": True})
     return response
-
-
-def _add_service_error(form, error: ServiceError) -> None:
-    placed = False
-    for field, messages in error.fields.items():
-        if field in form.fields:
-            form.add_error(field, error.message)
-            placed = True
-            break
-    if not placed:
-        form.add_error(None, error.message)
