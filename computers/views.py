@@ -433,6 +433,10 @@ def _render_edit(request, target, *, form=None, initial=None, check=None, locked
         # Check again refreshes the candidates (GPUs too); the values already entered stay.
         form.gpus = check_suggestions(check)["gpus"]
         form.fields["gpu_detected"].choices = [(str(g.get("index")), gpu_label(g)) for g in form.gpus]
+    if not form.is_bound:  # the detected GPUs are ticked where GPU IDs already name them
+        gpu_ids = str(form["gpu_ids"].value() or "").split()
+        form.initial["gpu_detected"] = [value for value, _label in form.fields["gpu_detected"].choices
+                                        if value in gpu_ids]
     jobs = list(locks.active_jobs(target)[:5])
     worker = form.chosen_worker()
     _mark_follow(form)

@@ -306,3 +306,91 @@ def test_a_failed_check_shows_the_resolution_and_continue_without_checking_goes_
     assert not target.enabled and target.checks.get().status == "failed"
     assert worker.errors == [] and worker.reads == []
     assert browser.js_errors == []
+
+
+def test_edit_computer_switches_tabs_checks_again_and_the_details_check_the_connection_in_chromium(
+    transactional_db, live_server, world, chromium_page, http_worker  # noqa: F811
+):
+    from playwright.sync_api import expect
+
+    from tests.computer_fixtures import make_computer
+
+    target = make_computer(world.global_admin, "gpu-host-3", visibility="public", working_dir="/data/old",
+                           python_path="/usr/bin/python3", gpu_ids=["0"], runtimes=["python"])
+    browser = chromium_page
+    worker = http_worker(check_status="succeeded", check_result=good_result())
+    page = browser.page
+    browser.goto("/login/?next=/settings/computers/")
+    page.fill("#id_username", "root")
+    page.fill("#id_password", "root-pass-123")
+    page.get_by_role("button", name="Sign in").click()
+    row = page.locator('tr[data-computer="gpu-host-3"]')
+    row.get_by_role("link", name="Edit computer").click()
+    dialog = page.locator("dialog#dialog")
+    expect(dialog.locator("#dialog-title")).to_have_text("Edit computer gpu-host-3")
+
+    # Tabs: one panel at a time.
+    connection_tab = dialog.locator("#tab-connection")
+    settings_tab = dialog.locator("#tab-settings")
+    expect(connection_tab).to_be_visible()
+    expect(settings_tab).to_be_hidden()
+    dialog.get_by_role("tab", name="Settings after connecting").click()
+    expect(settings_tab).to_be_visible()
+    expect(connection_tab).to_be_hidden()
+    expect(dialog.locator("#id_working_dir")).to_have_value("/data/old")
+    dialog.get_by_role("tab", name="Connection").click()
+    expect(connection_tab).to_be_visible()
+
+    # Changing a connection field announces that Check again saves it first.
+    notice = dialog.get_by_text("Unsaved connection changes will be saved before checking.")
+    expect(notice).to_be_hidden()
+    dialog.locator("#id_host").fill("gpu-host-3b.example.internal")
+    expect(notice).to_be_visible()
+    dialog.locator("#id_worker").select_option(label="lab-worker-1 (worker-host)")
+    expect(dialog.locator(f'#ssh-key-options option[value="{KEY}"]')).to_have_count(1)
+    worker.release("claim_check")
+    worker.release("complete_check")
+    dialog.get_by_role("button", name="Check again").click()
+    expect(dialog.locator("#check-result")).to_contain_text("Connection verified", timeout=8_000)
+    expect(dialog.locator("#id_host")).to_have_value("gpu-host-3b.example.internal")
+    target.refresh_from_db()
+    assert target.host == "gpu-host-3b.example.internal" and target.working_dir == "/data/old"
+    browser.screenshot("computers-edit-checked.png")
+
+    # The refreshed candidates are in the Settings tab; the values entered before stay.
+    dialog.get_by_role("tab", name="Settings after connecting").click()
+    expect(dialog.locator("#id_working_dir")).to_have_value("/data/old")
+    expect(dialog.locator('#working_dir-options option[value="/data"]')).to_have_count(1)
+    expect(dialog.locator('input[name="gpu_detected"][value="0"]')).to_be_checked()
+    expect(dialog.locator('input[name="gpu_detected"][value="1"]')).not_to_be_checked()
+    dialog.locator('input[name="gpu_detected"][value="1"]').check()
+    expect(dialog.locator("#id_gpu_ids")).to_have_value("0\n1")
+    expect(dialog.locator("#id_concurrency")).to_have_value("2")
+    dialog.locator("#id_working_dir").fill("/data")
+    browser.screenshot("computers-edit-settings.png")
+    dialog.get_by_role("button", name="Save").click()
+    expect(dialog).to_be_hidden()
+    details = page.locator("#computer-details")
+    expect(details.locator("h2")).to_have_text("gpu-host-3")
+    target.refresh_from_db()
+    assert target.gpu_ids == ["0", "1"] and target.concurrency == 2 and target.working_dir == "/data"
+
+    # Check connection in the details asks the worker of the last check again.
+    panel = page.locator("#connection-check")
+    expect(panel).to_contain_text("Connection verified")  # the check of the editor
+    details.get_by_role("button", name="Check connection").click()
+    expect(panel).to_contain_text("Waiting for the worker to start checking…")
+    expect(panel.get_by_role("button", name="Check connection")).to_be_disabled()
+    worker.release("claim_check")
+    worker.release("complete_check")
+    expect(panel).to_contain_text("Connection verified", timeout=8_000)
+    expect(panel.locator('tr[data-item="api"]')).to_contain_text("OK")
+    assert [c["computer"]["id"] for c in worker.checks] == [target.pk, target.pk]
+    expect(page.locator("#suggested-settings")).to_contain_text("Save selected settings")
+    page.locator('#suggested-settings input[name="runtimes"][value="docker"]').check()
+    page.locator('#suggested-settings input[name="runtimes"][value="python"]').check()
+    page.get_by_role("button", name="Save selected settings").click()
+    expect(page.locator("#suggested-settings")).to_contain_text("Saved the selected settings.")
+    target.refresh_from_db()
+    assert target.runtimes == ["python", "docker"]
+    assert worker.errors == [] and browser.js_errors == []
