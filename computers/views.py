@@ -458,6 +458,7 @@ def _render_edit(request, target, *, form=None, initial=None, check=None, locked
         "worker": worker,
         "can_read": access.can_choose_worker(request.user) and worker is not None,
         "assists": _initial_assists(request, target, form, succeeded),
+        "editing": True,
         "locked": locked,
         "locked_jobs": ", ".join(str(job.pk) for job in jobs),
         "connection_saved": connection_saved,
@@ -471,7 +472,7 @@ def _render_edit(request, target, *, form=None, initial=None, check=None, locked
 # Check progress (polled every second; 286 ends the polling) ------------------------------------
 
 @login_required
-@require_GET
+@require_http_methods(["GET", "POST"])
 def computer_check_status(request, pk, check_id):
     target = access.managed_for(request.user, pk)
     services.expire_stale()
@@ -500,7 +501,7 @@ def computer_check_status(request, pk, check_id):
         if check.is_open:
             return render(request, "computers/partials/_check_progress.html",
                           {"target": target, "check": check_view(check, flow="edit")})
-        return _into_dialog(_render_edit(request, target, initial=initial_from(request.GET), check=check))
+        return _into_dialog(_render_edit(request, target, initial=initial_from(request.POST), check=check))
     if not request.htmx:
         return redirect(reverse("computer-detail", args=[target.pk]) + "#connection-check")
     if check.is_open:

@@ -76,9 +76,10 @@ def step1_fields(worker_pk, **extra) -> dict:
             "worker": str(worker_pk), **extra}
 
 
-def poll(client, target, check, flow="add", **params):
-    query = "&".join([f"flow={flow}", *[f"{k}={v}" for k, v in params.items()]])
-    return client.get(f"{reverse('computer-check-status', args=[target.pk, check.pk])}?{query}", **HTMX)
+def poll(client, target, check, flow="add", **form):
+    """What the progress element sends every second: a GET, or in the editor a POST of the form."""
+    url = f"{reverse('computer-check-status', args=[target.pk, check.pk])}?flow={flow}"
+    return client.post(url, form, **HTMX) if flow == "edit" else client.get(url, **HTMX)
 
 
 # The list --------------------------------------------------------------------------------------------
@@ -88,7 +89,7 @@ def test_every_signed_in_person_sees_every_computer_with_kind_owner_visibility_a
         page = html(signed_in(client, user).get(reverse("computers")))
         for name in ["alice-box", "shared-gpu", "root-only"]:
             assert f'data-computer="{name}"' in page, (user, name)
-        row = re.search(r'<tr data-computer="root-only">(.*?)</tr>', page, re.S).group(1)
+        row = re.search(r'<tr data-computer="root-only">(.*?)</tr>', page, re.DOTALL).group(1)
         assert "SSH" in row and "root" in row and "Private" in row and "Disabled" in row
         assert "Computers" in page and "Global settings" in page  # the sidebar
 
@@ -117,7 +118,7 @@ def test_edit_disable_and_open_connection_check_appear_only_on_rows_the_person_m
                                                                                        manageable):
     page = html(signed_in(client, getattr(world, who)).get(reverse("computers")))
     for name in ["alice-box", "shared-gpu", "root-only"]:
-        row = re.search(rf'<tr data-computer="{name}">(.*?)</tr>', page, re.S).group(1)
+        row = re.search(rf'<tr data-computer="{name}">(.*?)</tr>', page, re.DOTALL).group(1)
         for action in ["Edit computer", "Enable", "Open connection check"]:
             assert (action in row) == (name in manageable), (who, name, action)
 
@@ -128,7 +129,8 @@ def test_only_global_administrators_get_the_add_computer_button_and_dialog(clien
     for user in [world.project_admin, world.member, world.outsider]:
         assert "Add computer" not in html(signed_in(client, user).get(reverse("computers")))
         assert signed_in(client, user).get(reverse("computer-add"), **HTMX).status_code == 403
-        assert signed_in(client, user).post(reverse("computer-add"), step1_fields(1, action="continue")).status_code == 403
+        refused = signed_in(client, user).post(reverse("computer-add"), step1_fields(1, action="continue"))
+        assert refused.status_code == 403
     assert not ComputeTarget.objects.filter(name="gpu-host-1").exists()
 
 
@@ -218,8 +220,9 @@ def test_managers_see_the_worker_settings_with_this_servers_url_and_the_computer
     page = html(signed_in(client, world.global_admin).get(reverse("computer-detail", args=[pk])))
     assert (f'mado-tracking-worker install --api-url https://tracking.example.internal --worker-id "$(hostname)" '
             f"--target-ids {pk} --token-file ~/worker-token") in page
-    for line in ["export MMT_API_URL=https://tracking.example.internal", 'export MMT_API_TOKEN="$(cat ~/worker-token)"',
-                 'export MMT_WORKER_ID="$(hostname)"', f"export MMT_WORKER_TARGET_IDS={pk}", "mado-tracking-worker run"]:
+    for line in ["export MMT_API_URL=https://tracking.example.internal",
+                 'export MMT_API_TOKEN="$(cat ~/worker-token)"', 'export MMT_WORKER_ID="$(hostname)"',
+                 f"export MMT_WORKER_TARGET_IDS={pk}", "mado-tracking-worker run"]:
         assert line in page
     assert f'<code id="computer-id">{pk}</code>' in page and 'data-copy="#computer-id"' in page
 
@@ -336,7 +339,8 @@ def test_check_connection_and_continue_registers_the_computer_disabled_and_walks
     assert check.status == "queued" and check.requested_worker.worker_id == "lab-worker-1"
     page = html(response)
     assert "Waiting for the worker to start checking…" in page
-    assert f'hx-get="/settings/computers/{target.pk}/checks/{check.pk}?flow=add" hx-trigger="every 1s" hx-target="this"' in page
+    status_url = f"/settings/computers/{target.pk}/checks/{check.pk}?flow=add"
+    assert f'hx-get="{status_url}" hx-trigger="every 1s" hx-target="this"' in page
     assert f'action="/settings/computers/{target.pk}/connection"' in page  # step 1 now edits the registered one
     assert AuditEvent.objects.filter(action="computer.create", object_id=str(target.pk)).exists()
     assert AuditEvent.objects.filter(action="computer.check.request", object_id=str(target.pk)).exists()
@@ -426,11 +430,11 @@ def test_a_failed_check_keeps_step_1_open_with_the_reason_and_the_resolution(cli
     assert "1. Connection" in page and 'aria-current="step">1. Connection' in page
     assert "Could not verify connection" in page
     assert "If SSH connection is Failed, follow the Resolution column" in page
-    row = re.search(r'<tr data-item="connection" class="item-failed">(.*?)</tr>', page, re.S).group(1)
+    row = re.search(r'<tr data-item="connection" class="item-failed">(.*?)</tr>', page, re.DOTALL).group(1)
     assert "SSH connection" in row and "Failed" in row and "authentication failed" in row
     assert ("Check the host, port, and SSH user, that the public key is in the target's ~/.ssh/authorized_keys, "
             "and that known_hosts has the target's host key.") in row
-    assert re.search(r'<tr data-item="python" class="item-not_checked">.*?Not checked', page, re.S)
+    assert re.search(r'<tr data-item="python" class="item-not_checked">.*?Not checked', page, re.DOTALL)
     assert 'value="gpu-host-1.example.internal"' in page and f'<option value="{worker_pk}" selected>' in page
 
     # Fix the port and try again: the same computer, a second check.
@@ -603,7 +607,7 @@ def test_check_again_saves_unsaved_connection_changes_first_and_polls_with_the_f
     assert target.working_dir == "/data/shared-jobs"  # … and only the connection
     check = target.checks.get()
     assert check.requested_worker.worker_id == "lab-worker-1"
-    assert 'hx-include="closest form"' in page
+    assert f'hx-post="/settings/computers/{target.pk}/checks/{check.pk}?flow=edit"' in page
     worker.complete_check(worker.claim_check(), result=good_result())
     done = poll(client, target, check, flow="edit", working_dir="/typed/not/saved", host="moved.example.internal",
                 tab="settings")
@@ -768,9 +772,9 @@ def test_the_compute_page_lists_usable_computers_and_the_projects_workers(client
     page = html(client.get(reverse("project-compute", args=["lab"])))
     assert 'data-computer="shared-gpu"' in page
     assert 'data-computer="alice-box"' not in page and 'data-computer="root-only"' not in page
-    online = re.search(r'<tr data-worker="lab-worker-1">(.*?)</tr>', page, re.S).group(1)
+    online = re.search(r'<tr data-worker="lab-worker-1">(.*?)</tr>', page, re.DOTALL).group(1)
     assert "Online" in online and "0.1.0" in online and "worker-host" in online
-    offline = re.search(r'<tr data-worker="sleepy">(.*?)</tr>', page, re.S).group(1)
+    offline = re.search(r'<tr data-worker="sleepy">(.*?)</tr>', page, re.DOTALL).group(1)
     assert "Offline" in offline and "<td>3</td>" in offline
     alices = html(signed_in(client, world.project_admin).get(reverse("project-compute", args=["lab"])))
     assert 'data-computer="alice-box"' in alices
