@@ -84,6 +84,8 @@ RESOLUTIONS = {
                           "machine, compare the fingerprint with the target's, and add it to known_hosts."),
     "host_key_changed": _("The target's host key differs from the one in known_hosts. Confirm the new key with "
                           "the target's administrator before replacing it; the worker never accepts changed keys."),
+    "local_executor_disabled": _("This worker refuses Local computers. Start it with MADO_DEV_MODE=true and "
+                                 "MMT_ALLOW_LOCAL_EXECUTOR=true (development only), or use an SSH computer."),
     "command_failed": _("The worker could not start commands on its own host. Check the worker log."),
     "python_missing": _("Install Python 3.11 or later on the target, or enter the path of one."),
     "python_too_old": _("The Python executable is older than 3.11. Install Python 3.11 or later and enter its path."),

@@ -404,7 +404,7 @@ class ConnectionPool:
     def _new(self, target: Target):
         if target.is_local:
             if not self.allow_local:
-                raise ConnectError("ssh_configuration", LOCAL_DISABLED)
+                raise ConnectError("local_executor_disabled", LOCAL_DISABLED)
             return LocalConnection(target, env=self.local_env)
         if target.kind != "ssh":
             raise ConnectError("ssh_configuration", f"The worker cannot connect to a computer of kind {target.kind}.")

@@ -77,6 +77,7 @@ def test_local_computers_are_refused_unless_the_worker_allows_them():
     status, result = run_check(local(), ConnectionPool(allow_local=False))
     first = result["items"][0]
     assert status == "failed" and first["key"] == "command_execution" and first["status"] == "failed"
+    assert first["code"] == "local_executor_disabled"
     assert "MMT_ALLOW_LOCAL_EXECUTOR=true" in first["detail"] and "MADO_DEV_MODE=true" in first["detail"]
 
 
