@@ -750,6 +750,30 @@ def test_the_add_dialog_also_works_as_whole_pages_without_htmx(client, world, wo
     assert 'data-computer="gpu-host-1"' in details and f'<code id="computer-id">{target.pk}</code>' in details
 
 
+def test_check_again_and_check_connection_also_work_as_whole_pages_without_htmx(client, world, machines, worker):
+    signed_in(client, world.global_admin)
+    target = machines.public
+    form = {"name": "shared-gpu", "visibility": "public", "host": target.host, "port": "2201",
+            "ssh_user": target.ssh_user, "ssh_key_path": target.ssh_key_path,
+            "known_hosts_path": target.known_hosts_path, "worker": str(Worker.objects.get().pk),
+            "working_dir": target.working_dir, "python_path": target.python_path, "cpu_arch": "amd64",
+            "gpu_ids": "", "dataset_transfer": "relay", "dataset_cache_limit_gib": "100", "action": "check"}
+    response = client.post(reverse("computer-edit", args=[target.pk]), form)
+    check = target.checks.get()
+    assert response.status_code == 302 and response.url == reverse("computer-edit", args=[target.pk]) + \
+        f"?check={check.pk}"
+    waiting = html(client.get(response.url))
+    assert '<meta http-equiv="refresh" content="2">' in waiting and "Waiting for the worker" in waiting
+    worker.complete_check(worker.claim_check(), result=good_result())
+    done = html(client.get(response.url))
+    assert "Connection verified" in done and 'http-equiv="refresh"' not in done
+    # Check connection in the details: a form post, then the details again.
+    again = client.post(reverse("computer-check-request", args=[target.pk]))
+    assert again.status_code == 302 and again.url == reverse("computer-detail", args=[target.pk]) + "#connection-check"
+    details = html(client.get(reverse("computer-detail", args=[target.pk])))
+    assert "Waiting for the worker to start checking…" in details
+
+
 def test_the_pages_are_translated_to_japanese(client, world, machines):
     signed_in(client, world.global_admin)
     page = html(client.get(reverse("computers"), HTTP_ACCEPT_LANGUAGE="ja"))
