@@ -73,6 +73,14 @@
   });
 
   document.addEventListener("htmx:load", (event) => setUp(event.detail.elt));
+
+  // A dialog re-drawn with a check in progress or its result: bring that into view (the shell focuses
+  // the first field, which may be far above it).
+  document.addEventListener("htmx:afterSwap", (event) => {
+    if (!event.detail.target || event.detail.target.id !== "dialog-content") return;
+    const status = event.detail.target.querySelector("#check-progress, #check-result");
+    if (status) status.scrollIntoView({block: "nearest"});
+  });
   if (document.readyState === "loading") {
     document.addEventListener("DOMContentLoaded", () => setUp(document));
   } else {
