@@ -46,7 +46,9 @@ from computers.forms import (
     gpu_label,
 )
 from computers.models import ComputeTarget, ConnectionCheck, DirectoryRead
+from mado.dialogs import dialog
 from mado.errors import ServiceError
+from mado.forms import add_service_error as shared_add_service_error
 from mado.services import Actor
 
 POLL = "every 1s"
@@ -761,26 +763,23 @@ def initial_from(data) -> dict:
 
 
 def add_service_error(form, error: ServiceError) -> None:
-    """A refused change: each message under its field, the rest above the form."""
-    leftover = []
+    """A refused change on the form (mado.forms.add_service_error); a change refused because Jobs use
+    the computer says so above the form and marks each locked field."""
+    if error.code != "computer_in_use":
+        shared_add_service_error(form, error)
+        return
+    form.add_error(None, error.message)
     for field, field_messages in error.fields.items():
-        for message in field_messages:
-            if field in form.fields:
+        if field in form.fields:
+            for message in field_messages:
                 form.add_error(field, message)
-            else:
-                leftover.append(message)
-    if leftover or not error.fields or error.code == "computer_in_use":
-        form.add_error(None, error.message)
 
 
 def _dialog(request, fragment: str, context: dict, *, title: str, refresh: bool = False):
     """A dialog's content for HTMX, or the same content as a whole page (which reloads itself every
     two seconds while a worker is busy, since it has no HTMX to poll with)."""
-    context = {**context, "back_url": reverse("computers")}
-    if request.htmx:
-        return render(request, fragment, context)
-    return render(request, "computers/dialog_page.html",
-                  {**context, "fragment": fragment, "page_title": title, "refresh": refresh})
+    return dialog(request, fragment, {**context, "page_title": title, "refresh": refresh}, back=reverse("computers"),
+                  page="computers/dialog_page.html")
 
 
 def _into_dialog(response):
