@@ -1,0 +1,38 @@
+# Mado Compute job shell: an Apptainer (or Singularity) host without a scheduler.
+#@common
+
+mmt_submit() {
+    local runtime help flag
+    exec 3>&1 1>&2  # nothing goes to the real stdout: there is no scheduler job id
+    mmt_check_values
+    [ -d "$MMT_SPEC_DIR" ] || mmt_fail "The spec directory $MMT_SPEC_DIR does not exist."
+    runtime=$(command -v apptainer || command -v singularity) ||
+        mmt_fail "Neither apptainer nor singularity is installed on $(hostname)."
+    # The runner isolates Jobs with these flags; an older version without them is refused here.
+    help=$("$runtime" exec --help)
+    for flag in --cleanenv --containall --no-eval --no-home --no-mount --pwd; do
+        [[ $help == *"$flag"* ]] || mmt_fail "$runtime exec lacks $flag; install a newer version."
+    done
+    if [ "$MMT_GPU_COUNT" -gt 0 ]; then
+        [[ $help == *--nv* ]] || mmt_fail "$runtime exec lacks --nv, which GPU Jobs need."
+    fi
+    mmt_start_runners
+}
+
+# One runner per Job, each in its own session so it survives the end of this login, stopped by
+# SIGTERM at the time limit (SIGKILL 60 s later).
+mmt_start_runners() {
+    local ids index
+    IFS=, read -r -a ids <<<"$MMT_JOB_IDS"
+    for index in "${!ids[@]}"; do
+        MMT_ARRAY_INDEX=$index MMT_JOB_ID=${ids[$index]} \
+            setsid timeout --signal=TERM --kill-after=60 "${MMT_WALLTIME_SECONDS}s" \
+            "$MMT_RUNNER" "${MMT_SPEC_DIR%/*}/${ids[$index]}" \
+            </dev/null >"$MMT_SPEC_DIR/runner-$index.log" 2>&1 &
+    done
+}
+
+mmt_cancel() {
+    # No scheduler: the runner stops its Job when Mado asks it to (heartbeat answer).
+    mmt_check_cancel_values
+}

@@ -1,0 +1,30 @@
+# Mado Compute job shell: a Docker host without a scheduler.
+#@common
+
+mmt_submit() {
+    exec 3>&1 1>&2  # nothing goes to the real stdout: there is no scheduler job id
+    mmt_check_values
+    [ -d "$MMT_SPEC_DIR" ] || mmt_fail "The spec directory $MMT_SPEC_DIR does not exist."
+    command -v docker >/dev/null || mmt_fail "Docker is not installed on $(hostname); install it to run Docker Jobs."
+    docker version --format '{{.Server.Version}}' >/dev/null ||
+        mmt_fail "$(id -un) cannot reach the Docker daemon on $(hostname): start it, or add the account to the docker group."
+    mmt_start_runners
+}
+
+# One runner per Job, each in its own session so it survives the end of this login, stopped by
+# SIGTERM at the time limit (SIGKILL 60 s later).
+mmt_start_runners() {
+    local ids index
+    IFS=, read -r -a ids <<<"$MMT_JOB_IDS"
+    for index in "${!ids[@]}"; do
+        MMT_ARRAY_INDEX=$index MMT_JOB_ID=${ids[$index]} \
+            setsid timeout --signal=TERM --kill-after=60 "${MMT_WALLTIME_SECONDS}s" \
+            "$MMT_RUNNER" "${MMT_SPEC_DIR%/*}/${ids[$index]}" \
+            </dev/null >"$MMT_SPEC_DIR/runner-$index.log" 2>&1 &
+    done
+}
+
+mmt_cancel() {
+    # No scheduler: the runner stops its Job when Mado asks it to (heartbeat answer).
+    mmt_check_cancel_values
+}
