@@ -371,6 +371,8 @@ def _render_settings(request, target, *, check=None, worker=None, form=None):
 @require_http_methods(["GET", "POST"])
 def computer_edit(request, pk):
     target = access.managed_for(request.user, pk)
+    if target.kind == Kind.SITE:  # sites have their own one-screen form (the Sites pages)
+        raise Http404("Site computers are changed with the site form, not Edit computer.")
     if request.method == "GET":
         return _render_edit(request, target, check=_check_param(request.GET, target))
     action = _action(request)

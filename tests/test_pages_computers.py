@@ -569,6 +569,14 @@ def test_edit_enable_and_check_follow_the_owner_or_global_administrator_rule(cli
                            **HTMX).status_code == status
 
 
+def test_a_site_computer_is_listed_but_not_offered_to_the_ssh_editor(client, world):
+    site = ComputeTarget.objects.create(owner=world.project_admin, name="hpc-site", kind="site")
+    signed_in(client, world.project_admin)
+    row = re.search(r'<tr data-computer="hpc-site">(.*?)</tr>', html(client.get(reverse("computers"))), re.DOTALL)
+    assert "Site" in row.group(1) and "Edit computer" not in row.group(1)
+    assert client.get(reverse("computer-edit", args=[site.pk]), **HTMX).status_code == 404
+
+
 def test_the_owner_researcher_edits_both_tabs_and_saves_them_together(client, world, machines):
     signed_in(client, world.project_admin)
     target = machines.alices
