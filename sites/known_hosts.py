@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import base64
 import binascii
-import fnmatch
 import hashlib
 import hmac
+import re
 import struct
 from dataclasses import dataclass
 
@@ -49,7 +49,7 @@ class HostKey:
         matched = False
         for pattern in self.hosts.split(","):
             negated = pattern.startswith("!")
-            if fnmatch.fnmatchcase(name.lower(), pattern.lstrip("!").lower()):
+            if _pattern_match(name, pattern.lstrip("!")):
                 if negated:
                     return False
                 matched = True
@@ -103,6 +103,12 @@ def _embedded_type(key: bytes) -> str | None:
         return key[4:4 + length].decode("ascii")
     except UnicodeDecodeError:
         return None
+
+
+def _pattern_match(name: str, pattern: str) -> bool:
+    """OpenSSH host patterns: `*` and `?` are the only wildcards (brackets are literal, as in [host]:port)."""
+    regex = "".join(".*" if ch == "*" else "." if ch == "?" else re.escape(ch) for ch in pattern.lower())
+    return re.fullmatch(regex, name.lower()) is not None
 
 
 def _hashed_match(entry: str, name: str) -> bool:

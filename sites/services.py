@@ -388,8 +388,10 @@ def _clean(data: dict, errors: dict, *, current: ComputeTarget | None) -> tuple[
         errors["ssh_user"] = ["Enter the shared account everyone's Jobs run under."]
     site["ssh_user"] = ssh_user
     site["jump_hosts"] = _jump_hosts(data.get("jump_hosts"), errors)
-    site["known_hosts"] = _known_hosts(data.get("known_hosts"), automatic, host, site["port"], site["jump_hosts"],
-                                       errors)
+    # Which keys known_hosts needs is checked only once host, port and jump hosts are valid themselves.
+    reachable = not {"host", "port", "jump_hosts"} & set(errors)
+    site["known_hosts"] = _known_hosts(data.get("known_hosts"), automatic, reachable, host, site["port"],
+                                       site["jump_hosts"], errors)
 
     for field, label in (("working_dir", "working directory"), ("runner_python", "runner's Python")):
         value = str(data.get(field) or "").strip()
@@ -450,7 +452,7 @@ def _jump_hosts(raw, errors: dict) -> list[str]:
     return items
 
 
-def _known_hosts(raw, automatic: bool, host: str, port: int, jump_hosts: list[str], errors: dict) -> str:
+def _known_hosts(raw, automatic: bool, check_hosts: bool, host: str, port: int, jump_hosts: list[str], errors: dict) -> str:
     text = shells.normalize_content(raw or "") if isinstance(raw, (str, type(None))) else None
     if text is None:
         errors["known_hosts"] = ["Paste known_hosts as text."]
@@ -465,6 +467,12 @@ def _known_hosts(raw, automatic: bool, host: str, port: int, jump_hosts: list[st
         errors["known_hosts"] = [f"{exc} Paste the output of ssh-keyscan."]
         return text
     if not automatic:
+        return text
+    if not keys:
+        errors["known_hosts"] = [("Paste the login node's host keys: run ssh-keyscan for it, compare the fingerprints "
+                                  "with the ones the site publishes, then paste the output.")]
+        return text
+    if not check_hosts:
         return text
     needed = [(host, port)] if host else []
     for item in jump_hosts:
