@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed-stamp
 TEST_DB := mado_run_$(shell date +%s)_$(shell echo $$$$)
 PG_URL ?= postgres://postgres@127.0.0.1:5432
 
-.PHONY: run test venv peers migrate messages schema clean
+.PHONY: run test venv peers migrate messages schema bench clean
 
 $(STAMP): requirements.txt pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -52,6 +52,10 @@ messages: venv
 
 schema: venv
 	$(PY) manage.py spectacular --file docs/openapi.yaml --validate
+
+# Benchmarks print `name: value unit` lines next to a baseline measured in the same run.
+bench: venv
+	$(PY) bench/claim_throughput.py
 
 clean:
 	rm -rf $(VENV) var

@@ -1,8 +1,9 @@
 """State transitions of jobs: creation, claim, heartbeats, logs, metrics, outputs, completion, stop.
 
-Races are settled in the database: the claim takes queued jobs with FOR UPDATE SKIP LOCKED, locks the
-computers involved in id order (so two claims never deadlock), and the unique constraint on
-(computer, GPU) is the last word on GPU exclusivity."""
+Races are settled in the database: the claim takes queued jobs and then their computer with FOR
+UPDATE SKIP LOCKED (a claim never waits on another, so none deadlock), counts the computer's running
+jobs under that lock, and the unique constraint on (computer, GPU) is the last word on GPU
+exclusivity."""
 from __future__ import annotations
 
 import math
@@ -11,7 +12,7 @@ import shlex
 import uuid
 
 from django.db import IntegrityError, transaction
-from django.db.models import Count, F, Q
+from django.db.models import F, Q
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
@@ -146,18 +147,21 @@ def claim_job(worker: Worker, active_job_ids: list[int]) -> tuple[Job, str | Non
         if recovered is not None:
             return recovered
         jobs = list(_claimable(worker).select_for_update(skip_locked=True, of=("self",))[:CLAIM_BATCH])
-        if not jobs:
-            return None
-        target_ids = sorted({job.target_id for job in jobs})
-        # Lock the computers in id order: two claims locking them never wait on each other in a cycle.
-        targets = {t.pk: t for t in ComputeTarget.objects.select_for_update().filter(pk__in=target_ids).order_by("pk")}
-        running = dict(Job.objects.filter(target_id__in=target_ids, status__in=HELD_STATUSES)
-                       .values_list("target_id").annotate(n=Count("id")))
+        targets: dict[int, ComputeTarget | None] = {}
+        running: dict[int, int] = {}
         for job in jobs:
+            if job.target_id not in targets:
+                # SKIP LOCKED on the computer too: a computer another claim is placing a job on is
+                # passed over, not waited for, so claims on different computers run side by side
+                # and never wait on each other in a cycle.
+                target = ComputeTarget.objects.select_for_update(skip_locked=True).filter(pk=job.target_id).first()
+                targets[job.target_id] = target
+                if target is not None:
+                    running[target.pk] = Job.objects.filter(target=target, status__in=HELD_STATUSES).count()
             target = targets[job.target_id]
-            if not target.enabled or job.runtime not in target.runtimes:
+            if target is None or not target.enabled or job.runtime not in target.runtimes:
                 continue
-            if running.get(target.pk, 0) >= target.concurrency:
+            if running[target.pk] >= target.concurrency:
                 continue
             if not _reserve_gpus(job, target):
                 continue
