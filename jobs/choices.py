@@ -2,6 +2,7 @@ from __future__ import annotations
 
 from django.db import models
 from django.utils.translation import gettext_lazy as _
+from django.utils.translation import pgettext_lazy
 
 
 class JobStatus(models.TextChoices):
@@ -9,7 +10,8 @@ class JobStatus(models.TextChoices):
     CLAIMED = "claimed", _("Claimed")
     RUNNING = "running", _("Running")
     FINISHED = "finished", _("Finished")
-    FAILED = "failed", _("Failed")
+    # Its own context: "Failed" of a check item is "NG" in Japanese, a failed Job is not.
+    FAILED = "failed", pgettext_lazy("job status", "Failed")
     CANCELED = "canceled", _("Canceled")
 
 

@@ -422,3 +422,9 @@ def test_the_service_accounts_page_speaks_japanese_when_the_browser_asks_for_it(
     assert "Service Accountを作成" in page, "locale/ja catalog missing or without this message"
     client.cookies["django_language"] = "ja"
     assert "API tokenを発行" in html(client.get(sa_url("service-accounts")))
+
+
+def test_global_settings_leads_to_the_computers_list(world, client):
+    client.force_login(world.member)
+    page = client.get("/settings/").content.decode()
+    assert 'href="/settings/computers/"' in page
