@@ -206,7 +206,7 @@ def save_my_settings(actor: Actor, target: ComputeTarget, data: dict) -> SiteUse
     unknown = sorted(set(data) - {"account_name", "working_dir", "variables"})
     errors: dict[str, list[str]] = {name: ["Unknown field."] for name in unknown}
     account_name = str(data.get("account_name") or "").strip()
-    if not ACCOUNT_PATTERN.match(account_name):
+    if not ACCOUNT_PATTERN.fullmatch(account_name):
         errors["account_name"] = [("Enter your account name on this computer: letters, digits, _ . -, "
                                    "not starting with . or -.")]
     working_dir = str(data.get("working_dir") or "").strip()
@@ -341,7 +341,7 @@ def _clean(data: dict, errors: dict, *, current: ComputeTarget | None) -> tuple[
     site: dict = {}
 
     name = str(data.get("name") or "").strip()
-    if not NAME_PATTERN.match(name):
+    if not NAME_PATTERN.fullmatch(name):
         errors["name"] = ["Use 1–64 letters, digits, '.', '_' or '-', starting with a letter or digit."]
     elif ComputeTarget.objects.filter(name__iexact=name).exclude(pk=current.pk if current else None).exists():
         errors["name"] = [f"A computer named {name} already exists; choose another name."]
@@ -375,14 +375,14 @@ def _clean(data: dict, errors: dict, *, current: ComputeTarget | None) -> tuple[
 
     site["launcher"] = _launcher(data.get("launcher"), automatic, errors)
     host = str(data.get("host") or "").strip()
-    if host and not HOST_PATTERN.match(host):
+    if host and not HOST_PATTERN.fullmatch(host):
         errors["host"] = ["Enter the login node's host name or address, without user or port."]
     elif automatic and not host:
         errors["host"] = ["Enter the login node the launcher connects to."]
     site["host"] = host
     site["port"] = _int_in(data.get("port", 22), 1, 65535, "port", errors, "Port must be between 1 and 65535.")
     ssh_user = str(data.get("ssh_user") or "").strip()
-    if ssh_user and not ACCOUNT_PATTERN.match(ssh_user):
+    if ssh_user and not ACCOUNT_PATTERN.fullmatch(ssh_user):
         errors["ssh_user"] = ["The shared account name may hold letters, digits, _ . - and not start with . or -."]
     elif automatic and account == AccountKind.SHARED and not ssh_user:
         errors["ssh_user"] = ["Enter the shared account everyone's Jobs run under."]
@@ -445,7 +445,7 @@ def _jump_hosts(raw, errors: dict) -> list[str]:
     if len(items) > MAX_JUMP_HOSTS:
         errors["jump_hosts"] = [f"At most {MAX_JUMP_HOSTS} jump hosts."]
     for item in items:
-        match = JUMP_HOST_PATTERN.match(item)
+        match = JUMP_HOST_PATTERN.fullmatch(item)
         if not match or (match["port"] and not 1 <= int(match["port"]) <= 65535):
             errors["jump_hosts"] = [f"{item[:80]} is not [user@]host[:port]."]
             break
@@ -476,7 +476,7 @@ def _known_hosts(raw, automatic: bool, check_hosts: bool, host: str, port: int, 
         return text
     needed = [(host, port)] if host else []
     for item in jump_hosts:
-        match = JUMP_HOST_PATTERN.match(item)
+        match = JUMP_HOST_PATTERN.fullmatch(item)
         if match:
             needed.append((match["host"].strip("[]"), int(match["port"] or 22)))
     missing = [h for h in needed if not kh.keys_for(keys, *h)]

@@ -115,15 +115,15 @@ def bash_syntax_error(content: str) -> str | None:
 # Values ------------------------------------------------------------------------------------------
 
 def is_count(value) -> bool:
-    return isinstance(value, str) and bool(COUNT.match(value))
+    return isinstance(value, str) and bool(COUNT.fullmatch(value))
 
 
 def is_path(value) -> bool:
-    return isinstance(value, str) and bool(PATH.match(value)) and not DOTDOT.search(value)
+    return isinstance(value, str) and bool(PATH.fullmatch(value)) and not DOTDOT.search(value)
 
 
 def is_word(value) -> bool:
-    return isinstance(value, str) and bool(WORD.match(value))
+    return isinstance(value, str) and bool(WORD.fullmatch(value))
 
 
 def is_variable_value(value) -> bool:
@@ -161,7 +161,7 @@ def parse_variables(raw, *, field_name: str = "variables") -> dict[str, str]:
     out: dict[str, str] = {}
     for name, value, number in pairs:
         where = f"Line {number}: " if number else ""
-        if not VARIABLE_NAME.match(name):
+        if not VARIABLE_NAME.fullmatch(name):
             raise _invalid(field_name, f"{where}{name!r} is not a variable name: use letters, digits and _, "
                                        f"starting with a letter (at most 64).")
         if name in out:
@@ -247,7 +247,7 @@ def render_submit(content: str, values: ShellValues, *, title: str = "") -> str:
 def render_cancel(content: str, *, scheduler_job_id: str, target_id: int, variables: dict[str, str] | None = None,
                   title: str = "") -> str:
     """The whole script that cancels one scheduler job with the same job shell."""
-    if not isinstance(scheduler_job_id, str) or not SCHEDULER_ID.match(scheduler_job_id):
+    if not isinstance(scheduler_job_id, str) or not SCHEDULER_ID.fullmatch(scheduler_job_id):
         raise ServiceError("The scheduler job id is not one a job shell printed.", "invalid_shell_values",
                            fields={"scheduler_job_id": ["Letters, digits and . _ : - [ ] only."]})
     if not _positive_count(target_id):
@@ -279,7 +279,7 @@ def parse_scheduler_id(stdout: str) -> str | None:
     if not lines:
         return None
     last = lines[-1]
-    if len(last) > 200 or not SCHEDULER_ID.match(last):
+    if len(last) > 200 or not SCHEDULER_ID.fullmatch(last):
         raise ValueError(f"The job shell's last stdout line is not a scheduler job id: {last[:80]!r}")
     return last
 

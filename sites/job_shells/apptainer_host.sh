@@ -19,7 +19,8 @@ mmt_submit() {
     mmt_start_runners
 }
 
-# One runner per Job, each in its own session so it survives the end of this login, stopped by
+# One runner per Job, each in its own session so it survives the end of this login, holding none
+# of the login's output (the launcher waits for it to close), stopped by
 # SIGTERM at the time limit (SIGKILL 60 s later).
 mmt_start_runners() {
     local ids index
@@ -28,7 +29,7 @@ mmt_start_runners() {
         MMT_ARRAY_INDEX=$index MMT_JOB_ID=${ids[$index]} \
             setsid timeout --signal=TERM --kill-after=60 "${MMT_WALLTIME_SECONDS}s" \
             "$MMT_RUNNER" "${MMT_SPEC_DIR%/*}/${ids[$index]}" \
-            </dev/null >"$MMT_SPEC_DIR/runner-$index.log" 2>&1 &
+            </dev/null >"$MMT_SPEC_DIR/runner-$index.log" 2>&1 3>&- &
     done
 }
 

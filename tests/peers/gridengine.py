@@ -253,7 +253,7 @@ def start_gridengine() -> GridEngine:
     if not Path("/usr/sbin/sge_qmaster").exists() or not shutil.which("qsub"):
         raise RuntimeError("Grid Engine is not installed: apt-get install -y --no-install-recommends "
                            "gridengine-master gridengine-exec gridengine-client")
-    lock = open(LOCK, "w")
+    lock = open(LOCK, "w")  # noqa: SIM115  (held until stop() closes it)
     fcntl.flock(lock, fcntl.LOCK_EX)
     host = socket.gethostname()
     engine = GridEngine(host=host, lock=lock)

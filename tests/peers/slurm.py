@@ -95,9 +95,9 @@ class Slurm:
 
 def munge_answers() -> bool:
     try:
-        encoded = subprocess.run(["munge", "-n"], capture_output=True, timeout=5)
+        encoded = subprocess.run(["munge", "-n"], capture_output=True, timeout=5, check=False)
         return encoded.returncode == 0 and subprocess.run(["unmunge"], input=encoded.stdout, capture_output=True,
-                                                           timeout=5).returncode == 0
+                                                           timeout=5, check=False).returncode == 0
     except (OSError, subprocess.TimeoutExpired):
         return False
 
@@ -135,9 +135,9 @@ def start_slurm() -> Slurm:
         slurm.processes.append(munged)
     try:
         for argv in (["slurmctld", "-D", "-f", str(conf)], ["slurmd", "-D", "-N", "localhost", "-f", str(conf)]):
-            log = open(peer / "slurm" / "log" / f"{argv[0]}.out", "wb")
-            slurm.processes.append(subprocess.Popen(argv, env=slurm.env, stdin=subprocess.DEVNULL, stdout=log,
-                                                    stderr=subprocess.STDOUT))
+            with open(peer / "slurm" / "log" / f"{argv[0]}.out", "wb") as log:  # the child keeps its copy
+                slurm.processes.append(subprocess.Popen(argv, env=slurm.env, stdin=subprocess.DEVNULL, stdout=log,
+                                                        stderr=subprocess.STDOUT))
         deadline = time.monotonic() + 20
         while True:  # the node comes up idle within about a second
             state = slurm.run("sinfo", "-h", "-o", "%T", check=False).stdout.strip()

@@ -100,9 +100,9 @@ def test_a_revoked_launcher_cannot_be_chosen(world, site_fields, launcher):
 
 def test_known_hosts_without_a_key_for_the_host_and_port_is_refused_with_the_keyscan_to_run(world, site_fields):
     error = refusal(services.create_site, Actor(world.member), site_fields(port=2200))
-    assert error.fields["known_hosts"] == [
+    assert error.fields["known_hosts"] == [(
         f"known_hosts has no key for [{LOGIN_HOST}]:2200. Run ssh-keyscan -p 2200 {LOGIN_HOST}, compare the "
-        "fingerprints with the ones the site publishes, then paste the output."]
+        "fingerprints with the ones the site publishes, then paste the output.")]
 
 
 def test_every_jump_host_needs_its_key_in_known_hosts(world, site_fields, host_keys):
