@@ -1,0 +1,97 @@
+"""The environment handed to job code (seed 001, "What the running code receives"; REFERENCE §2).
+
+Job code gets exactly the variables of the seed's table that apply, the job's own `env`, and
+`PYTHONUNBUFFERED=1`. From the target's own environment only `PASSTHROUGH` is kept, and only for code
+that runs on the host (the python runtime); the supervisor copies those values on the target, because
+they are the target's, not the worker's. In containers the paths are the container's (`/mmt/...`) and
+nothing of the host's environment goes in.
+
+The job token (`job_token` of the claim) is the only credential: it goes into `MMT_API_TOKEN` and
+`MLFLOW_TRACKING_TOKEN`. The worker's own token is never an input of this module, so it cannot
+reach a job. Neither token is ever put into an argv: see `runtimes.py`, which hands environments to
+the supervisor in `spec.json` (mode 600) and to Docker in an env file (mode 600)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+PASSTHROUGH = ("PATH", "HOME", "LANG", "LC_ALL", "LD_LIBRARY_PATH", "TMPDIR")
+TOKEN_VARIABLES = ("MMT_API_TOKEN", "MLFLOW_TRACKING_TOKEN")
+# Names that Mado sets; the server refuses them in a job's env, and the job's env never overrides them here.
+RESERVED_PREFIXES = ("MMT_", "MLFLOW_", "CUDA_", "NVIDIA_")
+# The server's MLflow-compatible endpoint under the API URL (a payload's `mlflow_tracking_uri` wins).
+MLFLOW_PATH = "/mlflow"
+
+CONTAINER_ROOT = "/mmt"
+
+
+@dataclass(frozen=True)
+class Locations:
+    """Where the job finds its files, as the job sees them (host paths, or paths in the container)."""
+    inputs_dir: str
+    outputs_dir: str
+    source_dir: str
+    work_dir: str
+
+    @property
+    def parameters_file(self) -> str:
+        return f"{self.inputs_dir}/parameters.json"
+
+    @property
+    def result_file(self) -> str:
+        return f"{self.outputs_dir}/result.json"
+
+
+def host_locations(job_dir: str) -> Locations:
+    """The workspace `<working_dir>/.mmt/jobs/<jobId>/` as the python runtime sees it."""
+    job_dir = job_dir.rstrip("/")
+    return Locations(inputs_dir=f"{job_dir}/inputs", outputs_dir=f"{job_dir}/outputs",
+                     source_dir=f"{job_dir}/source", work_dir=f"{job_dir}/work")
+
+
+def container_locations() -> Locations:
+    return Locations(inputs_dir=f"{CONTAINER_ROOT}/inputs", outputs_dir=f"{CONTAINER_ROOT}/outputs",
+                     source_dir=f"{CONTAINER_ROOT}/source", work_dir=f"{CONTAINER_ROOT}/work")
+
+
+def gpu_variables(gpu_ids: list[str], *, docker: bool) -> dict[str, str]:
+    """`CUDA_VISIBLE_DEVICES` for the reserved GPUs. Outside Docker (python runtime, Apptainer and
+    Singularity) CUDA sees the host's ids; Docker hands only the reserved GPUs into the container, where
+    CUDA numbers them from 0, and `NVIDIA_VISIBLE_DEVICES` names the host's ids (`void` without GPUs).
+    Without GPUs, CUDA_VISIBLE_DEVICES is empty: CUDA then sees no device and the job runs on CPU."""
+    ids = [str(g) for g in gpu_ids]
+    if not docker:
+        return {"CUDA_VISIBLE_DEVICES": ",".join(ids)}
+    return {"CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in range(len(ids))),
+            "NVIDIA_VISIBLE_DEVICES": ",".join(ids) if ids else "void"}
+
+
+def job_environment(job: dict, locations: Locations, *, docker: bool = False) -> dict[str, str]:
+    """The variables Mado sets for one job plus the job's own `env` (Mado's names win over the job's).
+
+    `job` is the claim payload of docs/worker-protocol.md ("Jobs"). Host variables of `PASSTHROUGH` are
+    not included: the supervisor adds them on the target for host runtimes."""
+    token = str(job.get("job_token") or "")
+    api_url = str(job.get("api_url") or "").rstrip("/")
+    env = {str(k): str(v) for k, v in (job.get("env") or {}).items() if not str(k).startswith(RESERVED_PREFIXES)}
+    env.update({
+        "MMT_API_URL": api_url,
+        "MMT_API_TOKEN": token,
+        "MLFLOW_TRACKING_URI": str(job.get("mlflow_tracking_uri") or (api_url + MLFLOW_PATH)),
+        "MLFLOW_TRACKING_TOKEN": token,
+        # The claim payload has no separate Run id yet: a job is its own Run, so the job id is used.
+        "MMT_RUN_ID": str(job.get("run_id") or job["id"]),
+        "MMT_JOB_ID": str(job["id"]),
+        "MMT_PROJECT_ID": str(job.get("project_id") or ""),
+        "MMT_PARAMETERS_FILE": locations.parameters_file,
+        "MMT_OUTPUTS_DIR": locations.outputs_dir,
+        "MMT_RESULT_FILE": locations.result_file,
+        "PYTHONUNBUFFERED": "1",
+    })
+    env.update(gpu_variables(list(job.get("gpu_ids") or []), docker=docker))
+    return env
+
+
+def secret_values(job: dict) -> list[str]:
+    """Strings that must never appear in an argv, a log line the worker writes, or a state file."""
+    token = str(job.get("job_token") or "")
+    return [token] if token else []
