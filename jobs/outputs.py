@@ -13,7 +13,8 @@ from django.db import transaction
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
-from jobs import results, storage
+from jobs import storage
+from worker_agent import results
 from jobs.choices import HELD_STATUSES
 from jobs.models import Artifact, Job, Metric, SourceArchive
 from mado import access as identity

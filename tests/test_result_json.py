@@ -1,4 +1,4 @@
-"""result.json v1/v2 validation (jobs/results.py): pure tests, no database.
+"""result.json v1/v2 validation (worker_agent/results.py: shared by the server and the worker): pure tests, no database.
 
 Each malformed case asserts the error code and that the message names what is wrong (the path, key,
 index or line) and what to do about it; the valid examples assert the exact parsed shapes."""
@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from jobs.results import (
+from worker_agent.results import (
     MAX_DATASET_DIRECTORY_FILES,
     OutputFile,
     ResultError,

@@ -2,7 +2,8 @@
 running without the SDK writes last into its outputs directory (``MMT_OUTPUTS_DIR``, ``/mmt/outputs``
 in containers). The worker reports the file list of that directory (path, size, sha256, kind) and the
 text of ``result.json`` and of the artifacts manifest; this module decides whether the declaration is
-acceptable and returns what the server stores. Standard library only, no Django, no I/O.
+acceptable and returns what the server stores. Standard library only, no Django, no I/O: the server
+(jobs/outputs.py) and the worker (before uploading) run the very same checks.
 
 Two entry points::
 
