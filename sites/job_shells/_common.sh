@@ -46,7 +46,7 @@ mmt_word() {
 
 mmt_check_variables() {
     local name
-    for name in $(compgen -A variable MMT_VAR_); do
+    for name in "${!MMT_VAR_@}"; do
         [[ ${!name} =~ ^[A-Za-z0-9._][A-Za-z0-9._-]{0,199}$ || ${!name} =~ ^/[A-Za-z0-9._/+@-]{0,1023}$ ]] ||
             mmt_fail "$name must be a word (letters, digits, . _ -) or an absolute path."
         [[ ! ${!name} =~ (^|/)\.\.(/|$) ]] || mmt_fail "$name must not contain .. parts."
