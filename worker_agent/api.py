@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import quote
 
 import requests
 
@@ -200,3 +201,98 @@ class ApiClient:
                       error: str | None) -> dict:
         return self.request("POST", f"worker/reads/{int(read_id)}/complete",
                             {"worker_id": worker_id, "lease_id": lease_id, "entries": entries, "error": error})
+
+    # -- jobs ----------------------------------------------------------------------------------
+
+    def claim_job(self, worker_id: str, active_job_ids: list[int], wait: int = 0) -> dict | None:
+        """One attempt only: a claim whose answer was lost is recovered with `resume_jobs`, never by
+        sending the claim again (a replay could take a second job)."""
+        wait = max(0, min(MAX_WAIT, int(wait)))
+        data = self.request("POST", "worker/claim",
+                            {"worker_id": worker_id, "active_job_ids": list(active_job_ids), "wait": wait},
+                            read_timeout=wait + READ_TIMEOUT, attempts=1)
+        return data.get("item")
+
+    def resume_jobs(self, worker_id: str, active_job_ids: list[int]) -> list[dict]:
+        data = self.request("POST", "worker/resume", {"worker_id": worker_id, "active_job_ids": list(active_job_ids)})
+        items = data.get("items")
+        return items if isinstance(items, list) else []
+
+    def _leased(self, job_id: int, call: str, worker_id: str, lease_id: str, body: dict, **kwargs) -> dict:
+        return self.request("POST", f"worker/jobs/{int(job_id)}/{call}",
+                            {"worker_id": worker_id, "lease_id": lease_id, **body}, **kwargs)
+
+    def job_heartbeat(self, job_id: int, worker_id: str, lease_id: str, status: str | None = None) -> dict:
+        return self._leased(job_id, "heartbeat", worker_id, lease_id, {"status": status} if status else {},
+                            attempts=2)
+
+    def job_logs(self, job_id: int, worker_id: str, lease_id: str, chunks: list[dict]) -> dict:
+        return self._leased(job_id, "logs", worker_id, lease_id, {"chunks": chunks})
+
+    def job_metrics(self, job_id: int, worker_id: str, lease_id: str, metrics: list[dict]) -> dict:
+        return self._leased(job_id, "metrics", worker_id, lease_id, {"metrics": metrics})
+
+    def job_outputs(self, job_id: int, worker_id: str, lease_id: str, result: str, files: list[dict],
+                    manifest: str | None) -> dict:
+        return self._leased(job_id, "outputs", worker_id, lease_id,
+                            {"result": result, "files": files, "manifest": manifest})
+
+    def complete_job(self, job_id: int, worker_id: str, lease_id: str, status: str, *, exit_code: int | None = None,
+                     error: str | None = None, end_reason: str | None = None) -> dict:
+        body: dict = {"status": status}
+        if exit_code is not None:
+            body["exit_code"] = exit_code
+        if error:
+            body["error"] = error
+        if end_reason:
+            body["end_reason"] = end_reason
+        return self._leased(job_id, "complete", worker_id, lease_id, body)
+
+    def _raw(self, method: str, path: str, *, params: dict, data=None, headers: dict | None = None,
+             stream: bool = False, read_timeout: float = READ_TIMEOUT) -> requests.Response:
+        """One attempt of a request whose body or answer is bytes (artifacts, sources): the caller
+        retries, because a streamed body cannot be sent twice. Errors raise as in `request`."""
+        url = f"{self.api_url}/api/{path.lstrip('/')}"
+        try:
+            response = self.session.request(method, url, params=params, data=data, headers=headers, stream=stream,
+                                            timeout=(CONNECT_TIMEOUT, read_timeout), allow_redirects=False)
+        except requests.Timeout:
+            raise ApiUnavailable(f"The API server at {self.api_url} did not answer {method} /api/{path} in time.") \
+                from None
+        except requests.RequestException as exc:
+            raise ApiUnavailable(self.mask(f"Cannot reach the API server at {self.api_url} ({type(exc).__name__}).")) \
+                from None
+        if response.status_code >= 500 or response.status_code == 429:
+            response.close()
+            raise ApiUnavailable(f"The API server answered {response.status_code} to {method} /api/{path}.",
+                                 status=response.status_code)
+        if response.status_code >= 300:
+            self._answer(method, path, response)  # raises with the server's code
+        return response
+
+    def put_artifact(self, job_id: int, worker_id: str, lease_id: str, path: str, body, *,
+                     content_range: str | None = None) -> dict:
+        """PUT one artifact (or one part of it, with `Content-Range: bytes start-end/total`). `body` is
+        bytes or a file-like object with `__len__` (sent with a Content-Length, streamed)."""
+        headers = {"Content-Type": "application/octet-stream"}
+        if content_range:
+            headers["Content-Range"] = content_range
+        response = self._raw("PUT", f"worker/jobs/{int(job_id)}/artifacts/{quote(path, safe='/')}",
+                             params={"worker_id": worker_id, "lease_id": lease_id}, data=body, headers=headers,
+                             read_timeout=READ_TIMEOUT * 4)
+        return self._answer("PUT", "worker/jobs/…/artifacts", response)
+
+    def download_source(self, job_id: int, worker_id: str, lease_id: str, out) -> int:
+        """Write the job's source archive into the binary file `out`; returns its size."""
+        response = self._raw("GET", f"worker/jobs/{int(job_id)}/source",
+                             params={"worker_id": worker_id, "lease_id": lease_id}, stream=True)
+        size = 0
+        try:
+            for block in response.iter_content(1 << 20):
+                out.write(block)
+                size += len(block)
+        except requests.RequestException as exc:
+            raise ApiUnavailable(f"The source download broke off ({type(exc).__name__}).") from None
+        finally:
+            response.close()
+        return size

@@ -14,6 +14,8 @@ WORKER_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 TOKEN_RE = re.compile(r"mmt_[A-Za-z0-9_\-]{16,200}")
 DEFAULT_PARALLEL_JOBS = 2
 DEFAULT_CLAIM_WAIT = 20
+DEFAULT_CANCEL_GRACE = 10
+DEFAULT_MAX_OUTPUT_FILES = 10_000
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
 
@@ -132,6 +134,10 @@ class WorkerConfig:
     hostname: str = field(default_factory=socket.gethostname)
     allow_local: bool = False
     claim_wait: int = DEFAULT_CLAIM_WAIT
+    # Seconds from SIGTERM to SIGKILL when a job is stopped. 10 s is the product's promise (seed 001);
+    # MMT_WORKER_CANCEL_GRACE exists so tests need not wait that long.
+    cancel_grace: float = DEFAULT_CANCEL_GRACE
+    max_output_files: int = DEFAULT_MAX_OUTPUT_FILES
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> WorkerConfig:
@@ -171,6 +177,10 @@ class WorkerConfig:
         if not 1 <= claim_wait <= 30:
             raise ConfigError("MMT_WORKER_CLAIM_WAIT is the long-poll length in seconds, from 1 to 30 "
                               f"(got {raw_wait!r}).")
+        cancel_grace = _int_setting(env, "MMT_WORKER_CANCEL_GRACE", DEFAULT_CANCEL_GRACE, 1, 600,
+                                    "the seconds from SIGTERM to SIGKILL when a job is stopped")
+        max_output_files = _int_setting(env, "MMT_WORKER_MAX_OUTPUT_FILES", DEFAULT_MAX_OUTPUT_FILES, 1, 10_000_000,
+                                        "the most files a job's outputs directory may hold")
         ssh_dirs = [home() / ".ssh"]
         extra = env.get("MMT_WORKER_SSH_DIR", "").strip()
         if extra:
@@ -183,4 +193,16 @@ class WorkerConfig:
         allow_local = parse_bool("MADO_DEV_MODE", env.get("MADO_DEV_MODE")) and \
             parse_bool("MMT_ALLOW_LOCAL_EXECUTOR", env.get("MMT_ALLOW_LOCAL_EXECUTOR"))
         return cls(api_url=api_url, token=token, worker_id=worker_id, state_dir=state_dir, target_ids=target_ids,
-                   parallel_jobs=parallel, ssh_dirs=ssh_dirs, allow_local=allow_local, claim_wait=claim_wait)
+                   parallel_jobs=parallel, ssh_dirs=ssh_dirs, allow_local=allow_local, claim_wait=claim_wait,
+                   cancel_grace=cancel_grace, max_output_files=max_output_files)
+
+
+def _int_setting(env: dict, name: str, default: int, low: int, high: int, meaning: str) -> int:
+    raw = env.get(name, "").strip()
+    try:
+        value = int(raw) if raw else default
+    except ValueError:
+        value = low - 1
+    if not low <= value <= high:
+        raise ConfigError(f"{name} is {meaning}, a whole number from {low} to {high} (got {raw!r}).")
+    return value

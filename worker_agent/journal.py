@@ -1,6 +1,12 @@
 """The worker's state directory: mode 700, never a symlink, with `worker.lock` held (flock) by the
 one worker that uses it. A second worker on the same directory is refused with the first one's pid.
-Job records (`jobs/<id>.json`, written atomically) arrive with the job part of the agent."""
+
+`JobJournal` keeps one JSON record per job in `jobs/<id>.json` (mode 600, replaced atomically): the
+claim payload, the lease, the job token, how far the job got (`step`), the byte offsets of the logs
+delivered so far, the chunks of a log batch in flight, and a completion not yet accepted by the
+server. A worker started again reads them back (see `worker_agent.jobs`), so a SIGKILL at any moment
+loses nothing: at worst a log batch or a completion is sent once more, and the server ignores what
+it already has."""
 from __future__ import annotations
 
 import errno
@@ -8,6 +14,7 @@ import fcntl
 import json
 import os
 import stat
+import threading
 from pathlib import Path
 
 LOCK_NAME = "worker.lock"
@@ -100,9 +107,16 @@ class StateDir:
         records = []
         for path in sorted(jobs_dir.glob("*.json")) if jobs_dir.is_dir() else []:
             try:
-                records.append(json.loads(path.read_text(encoding="utf-8")))
+                record = json.loads(path.read_text(encoding="utf-8"))
             except (OSError, ValueError):
                 records.append({"file": path.name, "unreadable": True})
+                continue
+            if isinstance(record, dict):
+                # What `status` shows: never the job token.
+                record = {k: v for k, v in record.items() if k != "job_token"}
+                if isinstance(record.get("job"), dict):
+                    record["job"] = {k: v for k, v in record["job"].items() if k != "job_token"}
+            records.append(record)
         return records
 
 
@@ -138,3 +152,63 @@ def write_json_atomic(path: Path, data: dict) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
+
+
+class JobJournal:
+    """`<state dir>/jobs/<id>.json`, one record per job this worker holds."""
+
+    def __init__(self, state_dir: Path):
+        self.dir = Path(state_dir) / "jobs"
+        self._lock = threading.Lock()
+
+    def ensure(self) -> None:
+        if not os.path.lexists(self.dir):
+            os.mkdir(self.dir, 0o700)
+        st = os.lstat(self.dir)
+        if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+            raise StateDirError(f"{self.dir} must be a directory (not a link): remove it and start the worker again.")
+        if stat.S_IMODE(st.st_mode) & 0o077:
+            os.chmod(self.dir, 0o700)
+
+    def path(self, job_id) -> Path:
+        return self.dir / f"{int(job_id)}.json"
+
+    def load_all(self) -> dict[int, dict]:
+        records: dict[int, dict] = {}
+        if not self.dir.is_dir():
+            return records
+        for path in sorted(self.dir.glob("*.json")):
+            try:
+                record = json.loads(path.read_text(encoding="utf-8"))
+                job_id = int(record["job_id"])
+            except (OSError, ValueError, KeyError, TypeError):
+                # A record nobody can read cannot be resumed; the server's resume hands the job back.
+                bad = path.with_name(path.name + ".unreadable")
+                os.replace(path, bad)
+                continue
+            records[job_id] = record
+        return records
+
+    def save(self, record: dict, *, durable: bool = True) -> None:
+        """Replace the record atomically. `durable` also fsyncs (leases, tokens, completions); log
+        offsets skip it: a worker killed at any moment still finds the last write in the page cache."""
+        self.ensure()
+        path = self.path(record["job_id"])
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+        data = json.dumps(record, sort_keys=True).encode("utf-8")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            if durable:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+
+    def remove(self, job_id) -> None:
+        try:
+            os.unlink(self.path(job_id))
+        except FileNotFoundError:
+            pass

@@ -1,10 +1,12 @@
-"""The worker's main loop: presence, connection checks and directory reads.
+"""The worker's main loop: presence, connection checks, directory reads and jobs.
 
-Three threads: presence (`worker/hello` at start and every `hello_interval_seconds`, re-scanning
+Jobs have their own threads (`worker_agent.jobs`: the claim loop, one runner and one heartbeat
+thread per job, GPU telemetry). Three more threads here: presence (`worker/hello` at start and every `hello_interval_seconds`, re-scanning
 key candidates each time), checks and reads (each a long-poll claim → handle → complete, so a read
 queued while the worker waits is answered as soon as the server wakes the poll). Network trouble is
 retried with backoff and never stops the worker; 401/403 stop it with a sentence saying which token
-or scope is wrong. SIGTERM stops claiming and exits once the item in hand is reported (at most a grace period)."""
+or scope is wrong. SIGTERM stops claiming and exits once the check or read in hand is reported (at most a
+grace period); running jobs are left running on their targets and re-attached on the next start."""
 from __future__ import annotations
 
 import logging
@@ -17,6 +19,7 @@ from worker_agent import __version__
 from worker_agent.api import ApiClient, ApiError, ApiUnavailable, Backoff, FatalApiError
 from worker_agent.candidates import scan
 from worker_agent.config import WorkerConfig
+from worker_agent.jobs import JobManager
 from worker_agent.probe import run_check
 from worker_agent.reads import ERRORS, read_directory
 from worker_agent.ssh import ConnectionPool
@@ -29,11 +32,17 @@ STOP_GRACE = 15.0
 
 
 class Worker:
-    def __init__(self, config: WorkerConfig, *, api: ApiClient | None = None, pool: ConnectionPool | None = None):
+    def __init__(self, config: WorkerConfig, *, api: ApiClient | None = None, pool: ConnectionPool | None = None,
+                 jobs: bool | None = None):
+        """`jobs`: run jobs too (the default with the real API client; a stand-in API in tests runs only
+        checks and reads unless asked)."""
         self.config = config
         self.stop_event = threading.Event()
+        if jobs is None:
+            jobs = api is None
         self.api = api or ApiClient(config.api_url, config.token, stop=self.stop_event)
         self.pool = pool or ConnectionPool(allow_local=config.allow_local)
+        self.jobs = JobManager(config, self.api, self.pool, self.stop_event, on_fatal=self._fail) if jobs else None
         self.claim_wait = config.claim_wait
         self.hello_interval = HELLO_INTERVAL
         self.fatal: FatalApiError | None = None
@@ -171,8 +180,12 @@ class Worker:
         ]
         for thread in threads:
             thread.start()
+        if self.jobs is not None:
+            self.jobs.start_threads()
         while not self.stop_event.wait(1.0):
             self.pool.prune()
+        if self.jobs is not None:
+            self.jobs.shutdown()
         # A check or read in hand gets a grace period to be reported. Threads waiting in a long-poll
         # hold nothing: they are daemons and end with the process. (Were an item handed out in that
         # very moment, the server returns it again to this worker id on its next claim.)
@@ -184,7 +197,8 @@ class Worker:
         return 1 if self.fatal else 0
 
     def run_once(self) -> int:
-        """Presence, then whatever check and read are waiting now; then exit."""
+        """Presence, then whatever check and read are waiting now, then one job (or the jobs this worker
+        already holds) to its end; then exit."""
         try:
             self.hello()
             check = self.api.claim_check(self.config.worker_id, 0)
@@ -193,6 +207,8 @@ class Worker:
             read = self.api.claim_read(self.config.worker_id, 0)
             if read:
                 self.handle_read(read)
+            if self.jobs is not None:
+                self.jobs.run_once()
         except FatalApiError as exc:
             self._fail(exc)
             return 1

@@ -30,6 +30,7 @@ log = logging.getLogger("mado.worker.ssh")
 CONNECT_TIMEOUT = 10.0
 KEEPALIVE_SECONDS = 15
 MAX_OUTPUT = 16 * 1024 * 1024
+STDIN_BLOCK = 256 * 1024
 # aes128-gcm first: 222 MB/s against 152 MB/s for paramiko's default aes128-ctr (DESIGN §13).
 PREFERRED_CIPHERS = ("aes128-gcm@openssh.com", "aes256-gcm@openssh.com", "aes128-ctr", "aes192-ctr", "aes256-ctr")
 
@@ -307,28 +308,102 @@ class Connection:
                                                          "keeps failing: check the target.") from None
         raise AssertionError("unreachable")
 
-    def run(self, argv: list[str], stdin: bytes | None = None, timeout: float = 60.0) -> RunResult:
-        """Run `argv` on the target (joined with shell quoting for the login shell) and wait for it."""
-        with self._lock:
-            self._users += 1
+    def run(self, argv: list[str], stdin=None, timeout: float = 60.0) -> RunResult:
+        """Run `argv` on the target (joined with shell quoting for the login shell) and wait for it.
+        `stdin` is bytes or a binary file object (sent in blocks, for large inputs such as a source archive)."""
+        self._acquire()
         try:
             channel = self._channel()
             try:
                 channel.exec_command(shlex.join(argv))
                 return _collect(channel, stdin, timeout)
+            except (paramiko.SSHException, EOFError) as exc:
+                raise ConnectError("ssh_failed", f"The connection to {self.target.host}:{self.target.port} broke "
+                                                 f"during a command ({type(exc).__name__}).") from None
             finally:
                 channel.close()
         finally:
-            self.last_used = time.monotonic()
-            with self._lock:
-                self._users -= 1
-                if self._retired and self._users == 0:
-                    self._close_client()
+            self._release()
+
+    def stream(self, argv: list[str], stdin: bytes | None = None, timeout: float = 15.0) -> ChannelStream:
+        """Start a long-lived command and return its stdout as a stream (`read(n)`, `close()`): one channel
+        for as long as the command prints (DESIGN §13: ~200 MB/s against 1.3 MB/s for many small execs).
+        A read that waits longer than `timeout` raises `StreamStalled`, so a dead network is noticed."""
+        self._acquire()
+        try:
+            channel = self._channel()
+            try:
+                channel.exec_command(shlex.join(argv))
+                if stdin:
+                    channel.settimeout(timeout)
+                    channel.sendall(stdin)
+                channel.shutdown_write()
+            except (paramiko.SSHException, EOFError, OSError) as exc:
+                channel.close()
+                raise ConnectError("ssh_failed", f"The connection to {self.target.host}:{self.target.port} broke "
+                                                 f"while starting a stream ({type(exc).__name__}).") from None
+        except BaseException:
+            self._release()
+            raise
+        return ChannelStream(channel, timeout, on_close=self._release)
+
+    def _acquire(self) -> None:
+        with self._lock:
+            self._users += 1
+
+    def _release(self) -> None:
+        self.last_used = time.monotonic()
+        with self._lock:
+            self._users -= 1
+            if self._retired and self._users == 0:
+                self._close_client()
 
 
-def _collect(channel: paramiko.Channel, stdin: bytes | None, timeout: float) -> RunResult:
+class StreamStalled(ConnectionError):
+    """Nothing arrived on a stream within its timeout, or the connection under it failed."""
+
+
+class ChannelStream:
+    """The stdout of a long-lived remote command, read as it arrives."""
+
+    def __init__(self, channel: paramiko.Channel, timeout: float, *, on_close=None):
+        self.channel = channel
+        self.timeout = timeout
+        self._on_close = on_close
+        channel.settimeout(timeout)
+
+    def read(self, n: int) -> bytes:
+        """Up to `n` bytes; b"" at the end of the output."""
+        try:
+            return self.channel.recv(n)
+        except TimeoutError:
+            raise StreamStalled(f"Nothing arrived for {self.timeout:.0f} s.") from None
+        except (OSError, EOFError, paramiko.SSHException) as exc:
+            raise StreamStalled(f"The stream broke ({type(exc).__name__}).") from None
+
+    def close(self) -> None:
+        try:
+            self.channel.close()
+        except Exception:  # a dead transport: the channel is gone either way
+            pass
+        if self._on_close is not None:
+            on_close, self._on_close = self._on_close, None
+            on_close()
+
+    def __enter__(self) -> ChannelStream:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _collect(channel: paramiko.Channel, stdin, timeout: float) -> RunResult:
     deadline = time.monotonic() + timeout
-    if stdin:
+    if stdin is not None and hasattr(stdin, "read"):
+        channel.settimeout(timeout)
+        for block in iter(lambda: stdin.read(STDIN_BLOCK), b""):
+            channel.sendall(block)
+    elif stdin:
         channel.settimeout(timeout)
         channel.sendall(stdin)
     channel.shutdown_write()
@@ -349,7 +424,12 @@ def _collect(channel: paramiko.Channel, stdin: bytes | None, timeout: float) -> 
         if remaining <= 0:
             raise CommandTimeout(f"The command did not finish within {timeout:.0f} s.")
         select.select([fd], [], [], min(remaining, 1.0))
-    return RunResult(channel.recv_exit_status(), bytes(out), bytes(err))
+    code = channel.recv_exit_status()
+    transport = channel.get_transport()
+    if code == -1 and (transport is None or not transport.is_active()):
+        # No exit status because the connection died (a signal would still leave the transport up).
+        raise ConnectError("ssh_failed", "The SSH connection closed before the command finished.")
+    return RunResult(code, bytes(out), bytes(err))
 
 
 class LocalConnection:
@@ -371,10 +451,11 @@ class LocalConnection:
     def retire(self) -> None:
         pass
 
-    def run(self, argv: list[str], stdin: bytes | None = None, timeout: float = 60.0) -> RunResult:
+    def run(self, argv: list[str], stdin=None, timeout: float = 60.0) -> RunResult:
         self.last_used = time.monotonic()
+        feed = {"stdin": stdin} if stdin is not None and hasattr(stdin, "fileno") else {"input": stdin or b""}
         try:
-            proc = subprocess.run(argv, input=stdin or b"", capture_output=True, timeout=timeout,
+            proc = subprocess.run(argv, **feed, capture_output=True, timeout=timeout,
                                   cwd=os.path.expanduser("~"), env=self.env, start_new_session=True)
         except subprocess.TimeoutExpired:
             raise CommandTimeout(f"The command did not finish within {timeout:.0f} s.") from None
@@ -383,6 +464,47 @@ class LocalConnection:
         except PermissionError:
             return RunResult(126, b"", f"{argv[0]}: permission denied".encode())
         return RunResult(proc.returncode, proc.stdout, proc.stderr)
+
+
+    def stream(self, argv: list[str], stdin: bytes | None = None, timeout: float = 15.0) -> ProcessStream:
+        """The stdout of a long-lived local command, read as it arrives (same contract as `Connection.stream`)."""
+        self.last_used = time.monotonic()
+        try:
+            proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                    cwd=os.path.expanduser("~"), env=self.env, start_new_session=True)
+        except OSError as exc:
+            raise ConnectError("command_failed", f"Cannot run {argv[0]}: {exc.strerror or exc}.") from None
+        try:
+            proc.stdin.write(stdin or b"")
+            proc.stdin.close()
+        except BrokenPipeError:
+            pass
+        return ProcessStream(proc, timeout)
+
+
+class ProcessStream:
+    def __init__(self, proc: subprocess.Popen, timeout: float):
+        self.proc = proc
+        self.timeout = timeout
+
+    def read(self, n: int) -> bytes:
+        fd = self.proc.stdout.fileno()
+        ready, _, _ = select.select([fd], [], [], self.timeout)
+        if not ready:
+            raise StreamStalled(f"Nothing arrived for {self.timeout:.0f} s.")
+        return os.read(fd, n)
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.stdout.close()
+        self.proc.wait()
+
+    def __enter__(self) -> ProcessStream:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
 LOCAL_DISABLED = ("Local computers are turned off on this worker: they run commands as the worker's own user, "

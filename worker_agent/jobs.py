@@ -1,0 +1,936 @@
+"""Jobs on the worker: the claim loop (`JobManager`) and one `JobRunner` per job.
+
+Claiming. The worker claims while it runs fewer jobs than `parallel_jobs`, with a long-poll, and again
+as soon as a job ends (the server ends a waiting claim with 409 `unknown_active_jobs` when one of the
+listed jobs completes). A claim is sent once: after a network error the worker calls `resume`, which
+returns every job the server gives this worker (a claim whose answer was lost among them), never
+sending the claim again.
+
+A job, step by step (each step written to the journal, so a worker killed at any moment continues
+where it was, and nothing runs twice):
+
+1. `claimed`: the record (lease, job token) is journaled before anything touches the target. The
+   supervisor is asked for the job's state: a job already started is re-attached, never started again.
+2. start: the target's facts and `runtimes.build_spec`, the source fetched into `<job_dir>/source`,
+   then `supervisor.Remote.start` (idempotent). A refused runtime, source or spec ends the job
+   `failed` with end reason `start_failed`. Heartbeats go every 5 s on their own thread from the
+   claim on (`status: running` once the supervisor runs the job); `cancel_requested` in an answer
+   makes the supervisor stop the job (SIGTERM, SIGKILL after the grace).
+3. logs: one follow stream per job (`Remote.follow`) from the journaled byte offsets. A reader thread
+   takes frames off the stream; the runner posts them in order, in batches of up to 1 MiB or 0.2 s.
+   Before a batch is posted its chunk boundaries are journaled, and only after the server accepted
+   it the offsets move on: a worker restarted after a crash re-sends that batch cut at the very same
+   offsets, which the server ignores as duplicates, so every byte arrives once and in order. A
+   stream that breaks (SSH drop, network cut, stall past 15 s) is followed again from the offsets.
+4. end: the supervisor's final state becomes the completion: exited 0 → outputs (result.json read and
+   validated on the worker with `worker_agent.results`, then declared, artifacts uploaded — files of
+   64 MiB or more in parts with Content-Range, progress logged) → `finished`; an invalid result →
+   `failed`/`invalid_result` with the validator's message; exited ≠ 0 → `failed` with the exit code;
+   timed_out → `failed`/`timed_out`; failed_to_start → `failed`/`start_failed`; canceled →
+   `canceled`; a supervisor that vanished while the job's process may live is `unknown`: never
+   started again, followed while the process lives, then `failed`/`worker_lost`.
+5. completion: sent until the server answers; then the record is removed.
+
+Any leased call answered 401/403/404/410, or 409 `invalid_lease`/`job_ended`/`job_already_completed`,
+means the lease is gone: the worker stops touching that job and forgets it. SIGTERM to the worker
+stops the runners where they are and leaves every job running on its target."""
+from __future__ import annotations
+
+import hashlib
+import logging
+import queue
+import signal
+import tempfile
+import threading
+import time
+from collections import deque
+from datetime import UTC, datetime
+
+from worker_agent.api import ApiClient, ApiError, ApiUnavailable, Backoff, FatalApiError
+from worker_agent.config import WorkerConfig
+from worker_agent.journal import JobJournal
+from worker_agent.remote_files import RemoteFileError, RemoteRange, fetch_source, list_outputs
+from worker_agent.results import OutputFile, ResultError, parse_result_json, validate_result
+from worker_agent.runtimes import RuntimeRefused, build_spec, read_facts
+from worker_agent.ssh import CommandTimeout, ConnectError, ConnectionPool, Target
+from worker_agent.supervisor import LogChunk, Remote, StateFrame, SupervisorError, workspace
+from worker_agent.telemetry import INTERVAL_SECONDS, GpuTelemetry, metric_points, same_machine
+from worker_agent.text import mask_tokens
+
+log = logging.getLogger("mado.worker.jobs")
+
+HEARTBEAT_SECONDS = 5.0
+LOG_BATCH_BYTES = 1 << 20
+LOG_FLUSH_SECONDS = 0.2
+PART_THRESHOLD = 64 << 20
+PART_SIZE = 32 << 20
+# Before a job runs, a target that cannot be reached for this long fails the job; once it runs, the
+# worker keeps trying (the job is alive there and the network may come back).
+CONNECT_BEFORE_START_SECONDS = 300.0
+LEASE_GONE_409 = ("invalid_lease", "job_ended", "job_already_completed")
+# The network and the target: worth another try after a pause.
+TRANSIENT = (ConnectError, CommandTimeout, ConnectionError, OSError, EOFError)
+CONFIG_CONNECT_CODES = ("ssh_configuration", "host_key_unknown", "host_key_changed", "local_executor_disabled")
+
+
+class Stopping(Exception):
+    """The worker is stopping: leave the job where it is (it keeps running on its target)."""
+
+
+class LeaseRejected(Exception):
+    """The server no longer gives this job to this worker."""
+
+
+class StartFailed(Exception):
+    def __init__(self, message: str):
+        super().__init__(message)
+        self.message = message
+
+
+def lease_gone(exc: ApiError) -> bool:
+    return exc.status in (401, 403, 404, 410) or (exc.status == 409 and exc.code in LEASE_GONE_409)
+
+
+def now_iso() -> str:
+    return datetime.now(UTC).isoformat()
+
+
+def new_record(item: dict) -> dict:
+    job = {k: v for k, v in item.items() if k != "job_token"}
+    return {"format": 1, "job_id": int(item["id"]), "lease_id": str(item["lease_id"]),
+            "job_token": item.get("job_token"), "job": job, "step": "claimed",
+            "offsets": {"stdout": 0, "stderr": 0}, "pending": [], "final": None, "completion": None,
+            "running_reported": item.get("status") == "running", "claimed_at": now_iso()}
+
+
+def signal_name(number) -> str:
+    try:
+        return signal.Signals(int(number)).name
+    except (ValueError, TypeError):
+        return f"signal {number}"
+
+
+class Rechunker:
+    """Cuts the first chunks of a re-followed stream at the boundaries of the batch that was in flight
+    when the worker stopped, so that a re-sent chunk has the same offset (and length) as the one the
+    server may already hold, and is ignored there."""
+
+    def __init__(self, pending: list):
+        self.pending: dict[str, deque] = {}
+        for stream, offset, length in pending:
+            self.pending.setdefault(stream, deque()).append((int(offset), int(length)))
+        self.buffers: dict[str, tuple[int, bytearray]] = {}
+
+    def feed(self, chunk: LogChunk) -> list[LogChunk]:
+        want = self.pending.get(chunk.stream)
+        if not want:
+            return [chunk]
+        start, data = self.buffers.get(chunk.stream, (chunk.offset, bytearray()))
+        if start + len(data) != chunk.offset:  # not contiguous: give up re-cutting
+            self.pending.pop(chunk.stream, None)
+            self.buffers.pop(chunk.stream, None)
+            return ([LogChunk(chunk.stream, start, bytes(data))] if data else []) + [chunk]
+        data += chunk.data
+        out = []
+        while want and start == want[0][0] and len(data) >= want[0][1]:
+            length = want.popleft()[1]
+            out.append(LogChunk(chunk.stream, start, bytes(data[:length])))
+            start += length
+            del data[:length]
+        if want and start != want[0][0]:
+            want.clear()
+        if not want:
+            self.pending.pop(chunk.stream, None)
+            self.buffers.pop(chunk.stream, None)
+            if data:
+                out.append(LogChunk(chunk.stream, start, bytes(data)))
+        else:
+            self.buffers[chunk.stream] = (start, data)
+        return out
+
+    def drain(self) -> list[LogChunk]:
+        out = [LogChunk(stream, start, bytes(data)) for stream, (start, data) in self.buffers.items() if data]
+        self.buffers.clear()
+        self.pending.clear()
+        return out
+
+
+_END = object()
+
+
+class JobRunner:
+    def __init__(self, manager: JobManager, record: dict):
+        self.manager = manager
+        self.api: ApiClient = manager.api
+        self.config: WorkerConfig = manager.config
+        self.record = record
+        self.job = dict(record["job"], job_token=record.get("job_token"))
+        self.id = int(record["job_id"])
+        self.lease = str(record["lease_id"])
+        self.computer = dict(self.job.get("computer") or {})
+        self.python = str(self.computer.get("python_path") or "python3")
+        self.working_dir = str(self.computer.get("working_dir") or "").rstrip("/")
+        self.job_dir = workspace(self.working_dir, self.id) if self.working_dir.startswith("/") else ""
+        self.gpu_ids = [str(g) for g in self.job.get("gpu_ids") or []]
+        self.stop = manager.stop_event
+        self.done = threading.Event()
+        self.rejected: str | None = None
+        self.cancel_requested = bool(self.job.get("cancel_requested"))
+        self.started = record["step"] not in ("claimed",)
+        self._lock = threading.Lock()
+        self._cancel_thread: threading.Thread | None = None
+        self._beat = threading.Event()
+        self._record_lock = threading.Lock()
+        self._forgotten = False
+        self.telemetry_step = 0
+        self.sampled_at = float("-inf")
+        self.thread = threading.Thread(target=self.main, name=f"job-{self.id}", daemon=True)
+        self.heartbeat_thread = threading.Thread(target=self.heartbeats, name=f"job-{self.id}-heartbeat", daemon=True)
+
+    # -- bookkeeping ---------------------------------------------------------------------------
+
+    def save(self, *, durable: bool = True, **changes) -> None:
+        with self._record_lock:
+            self.record.update(changes)
+            self.record["updated_at"] = now_iso()
+            if not self._forgotten:
+                self.manager.journal.save(self.record, durable=durable)
+
+    def forget(self) -> None:
+        """The job is over for this worker: its record goes, and nothing writes it again."""
+        with self._record_lock:
+            self._forgotten = True
+            self.manager.journal.remove(self.id)
+
+    def check(self) -> None:
+        """Raise when this runner must leave the job alone now."""
+        if self.rejected is not None:
+            raise LeaseRejected(self.rejected)
+        if self.stop.is_set():
+            raise Stopping()
+
+    def pause(self, seconds: float) -> None:
+        self.stop.wait(seconds)
+        self.check()
+
+    def start(self) -> None:
+        self.heartbeat_thread.start()
+        self.thread.start()
+
+    def main(self) -> None:
+        failures = 0
+        try:
+            while True:
+                try:
+                    self.check()
+                    self.proceed()
+                    return
+                except Stopping:
+                    return
+                except LeaseRejected as exc:
+                    self.drop(str(exc))
+                    return
+                except FatalApiError as exc:
+                    self.drop(str(exc))
+                    return
+                except Exception:  # a bug or an unforeseen failure: keep the job, try the step again
+                    failures += 1
+                    log.exception("job %s: unexpected error; trying again", self.id)
+                    self.stop.wait(min(60.0, 2.0 ** failures))
+        finally:
+            self.done.set()
+            self._beat.set()
+            self.api.close()
+            self.manager.runner_ended(self)
+
+    def drop(self, why: str) -> None:
+        log.warning("job %s: the server no longer gives this job to this worker (%s); leaving it alone",
+                    self.id, mask_tokens(why))
+        self.forget()
+
+    # -- API calls with retries ----------------------------------------------------------------
+
+    def call(self, send, what: str):
+        """Send a leased call until the server answers: network trouble and 5xx are retried with
+        backoff for as long as it takes (the server may be restarting); a lost lease raises."""
+        failures = 0
+        while True:
+            self.check()
+            try:
+                return send()
+            except ApiUnavailable as exc:
+                failures += 1
+                level = logging.INFO if failures == 1 else logging.WARNING
+                log.log(level, "job %s: %s not delivered yet (%s); retrying", self.id, what, exc)
+                self.pause(min(10.0, 0.5 * 2 ** min(failures, 5)))
+            except ApiError as exc:
+                if isinstance(exc, FatalApiError) or lease_gone(exc):
+                    raise LeaseRejected(f"{exc.status} {exc.code}: {exc}") from None
+                raise
+
+    # -- the target ----------------------------------------------------------------------------
+
+    def connection(self):
+        return self.manager.pool.get(Target.from_api(self.computer))
+
+    def remote(self, connection) -> Remote:
+        return Remote(connection, working_dir=self.working_dir, job_id=self.id, python=self.python)
+
+    def on_target(self, action, what: str):
+        """Run `action(connection)`, retrying when the network or the target fails."""
+        failures = 0
+        first_failure = None
+        while True:
+            self.check()
+            try:
+                return action(self.connection())
+            except ConnectError as exc:
+                if exc.code in CONFIG_CONNECT_CODES and not self.started:
+                    raise StartFailed(exc.detail) from None
+                error = exc.detail
+            except TRANSIENT as exc:
+                error = f"{type(exc).__name__}: {exc}"
+            failures += 1
+            first_failure = first_failure or time.monotonic()
+            if not self.started and time.monotonic() - first_failure > CONNECT_BEFORE_START_SECONDS:
+                raise StartFailed(f"The computer could not be reached for {CONNECT_BEFORE_START_SECONDS:.0f} s: "
+                                  f"{error}")
+            log.log(logging.INFO if failures == 1 else logging.WARNING,
+                    "job %s: %s failed (%s); trying again", self.id, what, mask_tokens(error))
+            self.pause(min(10.0, 0.5 * 2 ** min(failures, 5)))
+
+    # -- the steps -----------------------------------------------------------------------------
+
+    def proceed(self) -> None:
+        if self.record["completion"] is None and self.record["final"] is None:
+            try:
+                self.ensure_started()
+            except StartFailed as exc:
+                log.warning("job %s could not start: %s", self.id, exc.message)
+                self.save(completion={"status": "failed", "end_reason": "start_failed",
+                                      "error": mask_tokens(exc.message, self.job.get("job_token") or "")})
+            if self.record["completion"] is None and self.record["final"] is None:
+                final = self.follow()
+                self.save(final=final, step="ended")
+        while True:
+            if self.record["completion"] is None:
+                self.save(completion=self.conclude(self.record["final"]), step="completing")
+            if self.deliver():
+                return
+
+    def ensure_started(self) -> None:
+        if not self.job_dir:
+            raise StartFailed("The computer has no working directory (an absolute path on the target): set one in "
+                              "its settings.")
+        try:
+            state = self.on_target(lambda c: self.remote(c).poll(), "asking the supervisor for the job's state")
+        except SupervisorError as exc:
+            if not self.started:
+                raise StartFailed(f"The job's workspace cannot be used ({exc.code}): {exc.message}") from None
+            self.save(final={"status": "refused", "error": f"The job's workspace cannot be used: {exc.message}"})
+            return
+        status = state.get("status")
+        if status == "absent":
+            if self.started:
+                # It ran here before, and its workspace is gone: starting it again would run it twice.
+                self.save(final={"status": "absent", "error": "The job's workspace on the target disappeared."})
+                return
+            if self.cancel_requested:
+                log.info("job %s: stop requested before it started; not starting it", self.id)
+                self.save(completion={"status": "canceled", "end_reason": "canceled"})
+                return
+            spec = self.spec()
+            if self.job.get("source"):
+                self.fetch_source()
+            with self._lock:
+                if self.cancel_requested:
+                    self.save(completion={"status": "canceled", "end_reason": "canceled"})
+                    return
+            answer = self.start_supervisor(spec)
+            log.info("job %s started on %s (%s runtime, supervisor pid %s)", self.id, self.computer.get("name"),
+                     self.job.get("runtime"), (answer.get("supervisor") or {}).get("pid"))
+        elif status == "unknown" and state.get("recoverable"):
+            log.info("job %s: its supervisor is gone before the job ran; a new one takes over", self.id)
+            self.start_supervisor(self.spec())
+        else:
+            log.info("job %s: re-attached (status %s%s)", self.id, status,
+                     "" if status != "unknown" else ", supervisor gone; the job is never started again")
+        self.mark_started()
+
+    def spec(self) -> dict:
+        runtime = str(self.job.get("runtime") or "python")
+        facts = self.on_target(lambda c: read_facts(c, python=self.python, runtime=runtime), "reading target facts")
+        try:
+            return build_spec(self.job, facts, grace_seconds=self.config.cancel_grace)
+        except RuntimeRefused as exc:
+            raise StartFailed(exc.message) from None
+
+    def start_supervisor(self, spec: dict) -> dict:
+        try:
+            return self.on_target(lambda c: self.remote(c).start(spec), "starting the supervisor")
+        except SupervisorError as exc:
+            raise StartFailed(f"The supervisor refused to start the job ({exc.code}): {exc.message}") from None
+
+    def mark_started(self) -> None:
+        with self._lock:
+            self.started = True
+            if self.record["step"] == "claimed":
+                self.save(step="started")
+            cancel = self.cancel_requested
+        self._beat.set()  # the first heartbeat with status running, now
+        if cancel:
+            self.begin_cancel()
+
+    def fetch_source(self) -> None:
+        source = self.job["source"]
+        if source.get("kind") != "archive":
+            try:
+                self.on_target(lambda c: fetch_source(c, python=self.python, job_dir=self.job_dir, source=source),
+                               "fetching the source")
+            except RemoteFileError as exc:
+                raise StartFailed(exc.message) from None
+            return
+        with tempfile.TemporaryFile(prefix="mmt-source-") as archive:
+            def download():
+                archive.seek(0)
+                archive.truncate()
+                return self.api.download_source(self.id, self.config.worker_id, self.lease, archive)
+
+            try:
+                size = self.call(download, "source download")
+            except ApiError as exc:
+                raise StartFailed(f"The source could not be downloaded: {exc}") from None
+            archive.seek(0)
+            digest = hashlib.sha256()
+            for block in iter(lambda: archive.read(1 << 20), b""):
+                digest.update(block)
+            if source.get("sha256") and digest.hexdigest() != source["sha256"]:
+                raise StartFailed("The downloaded source archive does not match its sha256; upload it again.")
+            log.info("job %s: source archive downloaded (%d bytes); unpacking it on the target", self.id, size)
+
+            def unpack(connection):
+                archive.seek(0)
+                return fetch_source(connection, python=self.python, job_dir=self.job_dir, source=source,
+                                    archive=archive)
+
+            try:
+                self.on_target(unpack, "unpacking the source")
+            except RemoteFileError as exc:
+                raise StartFailed(exc.message) from None
+
+    # -- logs ----------------------------------------------------------------------------------
+
+    def follow(self) -> dict:
+        pending = self.record.get("pending") or []
+        rechunker = Rechunker(pending) if pending else None
+        failures = 0
+        while True:
+            self.check()
+            try:
+                connection = self.connection()
+                final = self.follow_once(self.remote(connection), rechunker)
+            except ConnectError as exc:
+                final, error = None, exc.detail
+            except TRANSIENT as exc:
+                final, error = None, f"{type(exc).__name__}: {exc}"
+            else:
+                error = "the stream ended before the job's end"
+            if final is not None:
+                return final
+            failures += 1
+            log.log(logging.INFO if failures == 1 else logging.WARNING,
+                    "job %s: log stream interrupted (%s); following again from stdout %d, stderr %d", self.id,
+                    error, self.record["offsets"]["stdout"], self.record["offsets"]["stderr"])
+            self.pause(min(10.0, 0.5 * 2 ** min(failures, 5)))
+
+    def follow_once(self, remote: Remote, rechunker: Rechunker | None) -> dict | None:
+        offsets = self.record["offsets"]
+        follow = remote.follow(offsets["stdout"], offsets["stderr"])
+        items: queue.Queue = queue.Queue(maxsize=32)
+        closed = threading.Event()
+
+        def put(item) -> None:
+            while not closed.is_set():
+                try:
+                    items.put(item, timeout=0.5)
+                    return
+                except queue.Full:
+                    continue
+
+        def reader() -> None:
+            try:
+                for item in follow:
+                    put(item)
+                put(_END)
+            except Exception as exc:  # StreamBroken, a stall, the connection
+                put(exc)
+
+        thread = threading.Thread(target=reader, name=f"job-{self.id}-follow", daemon=True)
+        thread.start()
+        batch: list[LogChunk] = []
+        size = 0
+        first = 0.0
+        try:
+            while True:
+                self.check()
+                wait = 0.5 if not batch else max(0.0, first + LOG_FLUSH_SECONDS - time.monotonic())
+                try:
+                    item = items.get(timeout=wait)
+                except queue.Empty:
+                    if batch:
+                        self.post_logs(batch)
+                        batch, size = [], 0
+                    continue
+                if isinstance(item, LogChunk):
+                    for chunk in rechunker.feed(item) if rechunker else [item]:
+                        if not batch:
+                            first = time.monotonic()
+                        batch.append(chunk)
+                        size += len(chunk.data)
+                    if size >= LOG_BATCH_BYTES:
+                        self.post_logs(batch)
+                        batch, size = [], 0
+                    continue
+                if isinstance(item, StateFrame):
+                    if not item.final:
+                        continue
+                    if rechunker:
+                        batch += rechunker.drain()
+                    if batch:
+                        self.post_logs(batch)
+                    return item.state
+                # the stream ended or broke: deliver what arrived, then follow again from there
+                if batch:
+                    self.post_logs(batch)
+                if isinstance(item, Exception):
+                    raise item if isinstance(item, TRANSIENT) else ConnectionError(str(item))
+                return None
+        finally:
+            closed.set()
+            follow.close()
+            thread.join(timeout=5)
+
+    def post_logs(self, batch: list[LogChunk]) -> None:
+        chunks = [chunk.as_api_chunk() for chunk in batch]
+        self.save(pending=[[c.stream, c.offset, len(c.data)] for c in batch], durable=False)
+        try:
+            self.call(lambda: self.api.job_logs(self.id, self.config.worker_id, self.lease, chunks), "logs")
+        except LeaseRejected:
+            raise
+        except ApiError as exc:  # 422: the server refuses these chunks; they cannot get better by resending
+            log.error("job %s: the server refused %d log chunk(s): %s", self.id, len(chunks), exc)
+        offsets = dict(self.record["offsets"])
+        for chunk in batch:
+            offsets[chunk.stream] = max(offsets[chunk.stream], chunk.end)
+        self.save(offsets=offsets, pending=[], durable=False)
+
+    # -- the end -------------------------------------------------------------------------------
+
+    def conclude(self, final: dict) -> dict:
+        status = final.get("status")
+        if status == "exited":
+            code, sig = final.get("exit_code"), final.get("signal")
+            if code == 0:
+                return self.outputs()
+            if code is not None:
+                return {"status": "failed", "exit_code": int(code), "end_reason": "exit_code"}
+            if sig:
+                return {"status": "failed", "end_reason": "exit_code",
+                        "error": f"The job was killed by {signal_name(sig)}."}
+            return {"status": "failed", "end_reason": "exit_code",
+                    "error": final.get("error") or "The job ended; its exit code is unknown."}
+        if status == "canceled":
+            return {"status": "canceled", "end_reason": "canceled"}
+        if status == "timed_out":
+            return {"status": "failed", "end_reason": "timed_out",
+                    "error": f"The walltime of {self.job.get('walltime_seconds')} s was reached; the job was stopped."}
+        if status == "failed_to_start":
+            return {"status": "failed", "end_reason": "start_failed",
+                    "error": final.get("error") or "The job could not be started."}
+        if status == "unknown":
+            return {"status": "failed", "end_reason": "worker_lost",
+                    "error": "The job's supervisor on the target ended unexpectedly, so its exit code is unknown; "
+                             "the job was not started again."}
+        return {"status": "failed", "end_reason": "worker_lost",
+                "error": final.get("error") or f"The job's state on the target is {status}."}
+
+    def outputs(self) -> dict:
+        outputs_dir = f"{self.job_dir}/outputs"
+        try:
+            listing = self.on_target(lambda c: list_outputs(c, python=self.python, outputs_dir=outputs_dir,
+                                                            max_files=self.config.max_output_files),
+                                     "listing the outputs")
+        except RemoteFileError as exc:
+            return {"status": "failed", "exit_code": 0, "end_reason": "invalid_result", "error": exc.message}
+        if listing.get("result") is None:
+            files = [f for f in listing.get("files") or [] if f.get("kind") != "dir"]
+            if files:
+                log.info("job %s: %d file(s) in the outputs directory but no result.json: nothing is uploaded",
+                         self.id, len(files))
+            return {"status": "finished", "exit_code": 0}
+        entries = [OutputFile(path=f["path"], size=int(f["size"]), sha256=f.get("sha256") or "",
+                              kind=f.get("kind") or "file") for f in listing["files"]]
+        try:
+            parsed = parse_result_json(listing["result"])
+            validated = validate_result(parsed, entries, manifest_text=listing.get("manifest"),
+                                        max_files=self.config.max_output_files)
+        except ResultError as exc:
+            log.warning("job %s: invalid result.json: %s", self.id, exc.message)
+            return {"status": "failed", "exit_code": 0, "end_reason": "invalid_result", "error": exc.message}
+        manifest = listing["manifest"].decode("utf-8") if listing.get("manifest") is not None else None
+        try:
+            answer = self.call(lambda: self.api.job_outputs(self.id, self.config.worker_id, self.lease,
+                                                            listing["result"].decode("utf-8"), listing["files"],
+                                                            manifest), "outputs")
+        except ApiError as exc:
+            log.warning("job %s: the server refused result.json: %s", self.id, exc)
+            return {"status": "failed", "exit_code": 0, "end_reason": "invalid_result", "error": str(exc)}
+        sizes = {a["path"]: int(a["size"]) for a in validated.artifacts}
+        upload = [p for p in answer.get("upload") or [] if p in sizes]
+        total = sum(sizes[p] for p in upload)
+        log.info("job %s: result.json accepted (%d artifact(s), %d metric point(s)); uploading %d file(s), %d bytes",
+                 self.id, len(validated.artifacts), len(validated.metrics), len(upload), total)
+        for number, path in enumerate(upload, start=1):
+            try:
+                self.upload(path, sizes[path], number, len(upload))
+            except StartFailed as exc:
+                return {"status": "failed", "exit_code": 0, "end_reason": "invalid_result", "error": exc.message}
+        return {"status": "finished", "exit_code": 0}
+
+    def upload(self, path: str, size: int, number: int, count: int) -> None:
+        full = f"{self.job_dir}/outputs/{path}"
+        started = time.monotonic()
+        offset = 0
+        refused = 0
+        failures = 0
+        while True:
+            self.check()
+            parts = size >= PART_THRESHOLD
+            length = min(PART_SIZE, size - offset) if parts else size
+            content_range = f"bytes {offset}-{offset + length - 1}/{size}" if parts else None
+            try:
+                connection = self.connection()
+                with RemoteRange(connection, python=self.python, path=full, offset=offset, length=length) as body:
+                    answer = self.api.put_artifact(self.id, self.config.worker_id, self.lease, path,
+                                                   body if length else b"", content_range=content_range)
+                failures = 0
+            except ApiUnavailable as exc:
+                failures += 1
+                log.warning("job %s: upload of %s interrupted (%s); retrying", self.id, path, exc)
+                self.pause(min(10.0, 0.5 * 2 ** min(failures, 5)))
+                continue
+            except ConnectError as exc:
+                failures += 1
+                log.warning("job %s: reading %s on the target failed (%s); retrying", self.id, path, exc.detail)
+                self.pause(min(10.0, 0.5 * 2 ** min(failures, 5)))
+                continue
+            except TRANSIENT as exc:
+                failures += 1
+                log.warning("job %s: upload of %s interrupted (%s); retrying", self.id, path, exc)
+                self.pause(min(10.0, 0.5 * 2 ** min(failures, 5)))
+                continue
+            except ApiError as exc:
+                if isinstance(exc, FatalApiError) or lease_gone(exc):
+                    raise LeaseRejected(f"{exc.status} {exc.code}: {exc}") from None
+                if exc.code == "range_mismatch":
+                    received = (exc.body.get("fields") or {}).get("received_bytes") or ["0"]
+                    offset = int(received[0])
+                    log.info("job %s: %s resumes at byte %d", self.id, path, offset)
+                    continue
+                refused += 1
+                if refused >= 3:
+                    raise StartFailed(f"The upload of {path} was refused: {exc}") from None
+                log.warning("job %s: upload of %s refused (%s); sending it again from the start", self.id, path, exc)
+                offset = 0
+                continue
+            offset = int(answer.get("received_bytes", offset + length))
+            if parts and not answer.get("complete"):
+                log.info("job %s: uploading %s (%d/%d): %d of %d bytes (%.0f%%)", self.id, path, number, count,
+                         offset, size, 100.0 * offset / size if size else 100.0)
+            if answer.get("complete") or offset >= size:
+                elapsed = time.monotonic() - started
+                log.info("job %s: uploaded %s (%d/%d, %d bytes, %.1f MB/s)", self.id, path, number, count, size,
+                         size / 1e6 / elapsed if elapsed > 0 else 0.0)
+                return
+
+    def deliver(self) -> bool:
+        """Send the completion; False when the outputs must be sent again first."""
+        completion = dict(self.record["completion"])
+        try:
+            self.call(lambda: self.api.complete_job(
+                self.id, self.config.worker_id, self.lease, completion["status"],
+                exit_code=completion.get("exit_code"), error=completion.get("error"),
+                end_reason=completion.get("end_reason")), "completion")
+        except ApiError as exc:
+            if exc.code == "artifacts_incomplete" and int(self.record.get("output_rounds") or 0) < 3:
+                log.warning("job %s: %s; uploading the outputs again", self.id, exc)
+                self.save(completion=None, output_rounds=int(self.record.get("output_rounds") or 0) + 1)
+                return False
+            log.error("job %s: the server refused the completion %s: %s", self.id, completion, exc)
+            self.forget()
+            return True
+        log.info("job %s completed: %s%s%s", self.id, completion["status"],
+                 f" (exit code {completion['exit_code']})" if completion.get("exit_code") is not None else "",
+                 f", {completion['end_reason']}" if completion.get("end_reason") else "")
+        self.forget()
+        return True
+
+    # -- heartbeats and stop requests ------------------------------------------------------------
+
+    def heartbeats(self) -> None:
+        try:
+            while not self.done.is_set() and not self.stop.is_set():
+                status = "running" if self.started and not self.record.get("running_reported") else None
+                try:
+                    answer = self.api.job_heartbeat(self.id, self.config.worker_id, self.lease, status)
+                except ApiUnavailable as exc:
+                    log.debug("job %s: heartbeat not delivered (%s)", self.id, exc)
+                except ApiError as exc:
+                    if self.done.is_set():
+                        return
+                    if isinstance(exc, FatalApiError) or lease_gone(exc):
+                        self.rejected = f"{exc.status} {exc.code}: {exc}"
+                        return
+                    log.warning("job %s: heartbeat refused: %s", self.id, exc)
+                else:
+                    if status == "running":
+                        self.save(running_reported=True)
+                    if answer.get("cancel_requested"):
+                        self.request_cancel()
+                self._beat.wait(HEARTBEAT_SECONDS)
+                self._beat.clear()
+        finally:
+            self.api.close()
+
+    def request_cancel(self) -> None:
+        with self._lock:
+            if self.cancel_requested and (self._cancel_thread is not None or not self.started):
+                return
+            self.cancel_requested = True
+            started = self.started
+        if started:
+            self.begin_cancel()
+
+    def begin_cancel(self) -> None:
+        with self._lock:
+            if self._cancel_thread is not None:
+                return
+            self._cancel_thread = threading.Thread(target=self._cancel, name=f"job-{self.id}-cancel", daemon=True)
+        log.info("job %s: stop requested; SIGTERM now, SIGKILL after %s s", self.id, self.config.cancel_grace)
+        self._cancel_thread.start()
+
+    def _cancel(self) -> None:
+        try:
+            state = self.on_target(lambda c: self.remote(c).cancel(grace=self.config.cancel_grace), "stopping the job")
+            log.info("job %s: stopped (%s)", self.id, state.get("status"))
+        except (Stopping, LeaseRejected):
+            pass
+        except Exception:
+            log.exception("job %s: stopping the job failed", self.id)
+            with self._lock:
+                self._cancel_thread = None
+        finally:
+            self.api.close()
+
+
+class JobManager:
+    """The claim loop and the runners of one worker."""
+
+    def __init__(self, config: WorkerConfig, api: ApiClient, pool: ConnectionPool, stop_event: threading.Event, *,
+                 journal: JobJournal | None = None, telemetry: GpuTelemetry | None = None, on_fatal=None):
+        self.config = config
+        self.api = api
+        self.pool = pool
+        self.stop_event = stop_event
+        self.journal = journal or JobJournal(config.state_dir)
+        self.telemetry = telemetry or GpuTelemetry()
+        self.on_fatal = on_fatal or (lambda exc: stop_event.set())
+        self.runners: dict[int, JobRunner] = {}
+        self.cond = threading.Condition()
+        self.backoff = Backoff(base=1.0, cap=30.0)
+        self.recovered = threading.Event()
+
+    # -- runners -------------------------------------------------------------------------------
+
+    def active_ids(self) -> list[int]:
+        with self.cond:
+            return sorted(self.runners)
+
+    def run_job(self, record: dict) -> JobRunner:
+        runner = JobRunner(self, record)
+        with self.cond:
+            self.runners[runner.id] = runner
+        runner.start()
+        return runner
+
+    def accept(self, item: dict) -> JobRunner | None:
+        """A job the server handed this worker (claim or resume) that it does not run yet."""
+        if not item.get("job_token"):
+            log.warning("job %s came back without a job token; asking the server again", item.get("id"))
+            return None
+        record = new_record(item)
+        self.journal.save(record)  # before anything touches the target
+        log.info("claimed job %s (%s runtime on %s, GPUs %s)", item["id"], item.get("runtime"),
+                 (item.get("computer") or {}).get("name"), ",".join(map(str, item.get("gpu_ids") or [])) or "none")
+        return self.run_job(record)
+
+    def runner_ended(self, runner: JobRunner) -> None:
+        with self.cond:
+            if self.runners.get(runner.id) is runner and not self.stop_event.is_set():
+                del self.runners[runner.id]
+            self.cond.notify_all()
+
+    # -- recovery ------------------------------------------------------------------------------
+
+    def _resume(self, active: list[int]) -> list[dict]:
+        """`worker/resume` until it answers (FatalApiError raises)."""
+        failures = 0
+        while not self.stop_event.is_set():
+            try:
+                return self.api.resume_jobs(self.config.worker_id, active)
+            except FatalApiError:
+                raise
+            except ApiError as exc:
+                failures += 1
+                log.warning("resume not answered yet: %s", exc)
+                self.stop_event.wait(self.backoff.delay(failures))
+        raise Stopping()
+
+    def recover(self) -> None:
+        """The journal plus `worker/resume`: re-attach every job this worker still holds."""
+        self.journal.ensure()
+        records = self.journal.load_all()
+        items = self._resume(sorted(records))
+        held = {int(item["id"]): item for item in items}
+        for job_id, record in sorted(records.items()):
+            item = held.pop(job_id, None)
+            if item is None:
+                log.info("job %s is no longer held by this worker on the server; forgetting it", job_id)
+                self.journal.remove(job_id)
+                continue
+            if str(item.get("lease_id")) != record["lease_id"]:
+                log.warning("job %s has a new lease on the server; the old record is dropped", job_id)
+                self.journal.remove(job_id)
+                held[job_id] = dict(item, job_token=None)
+                continue
+            record["job"]["cancel_requested"] = bool(item.get("cancel_requested"))
+            log.info("resuming job %s (step %s, logs delivered up to stdout %d, stderr %d)", job_id, record["step"],
+                     record["offsets"]["stdout"], record["offsets"]["stderr"])
+            self.run_job(record)
+        if any(not item.get("job_token") for item in held.values()):
+            # Listed by mistake as active above: ask again without them for a fresh token each.
+            fresh = {int(i["id"]): i for i in self._resume(self.active_ids())}
+            held = {job_id: fresh.get(job_id, item) for job_id, item in held.items()}
+        for item in held.values():
+            log.info("job %s is held by this worker but was not journaled (a claim answer was lost); running it",
+                     item["id"])
+            self.accept(item)
+        self.recovered.set()
+
+    def resume_after_error(self) -> None:
+        """After a claim failed on the network: take over whatever the server gave us meanwhile."""
+        for item in self._resume(self.active_ids()):
+            if int(item["id"]) not in self.active_ids():
+                log.info("job %s was claimed although the claim's answer was lost; running it", item["id"])
+                self.accept(item)
+
+    # -- threads -------------------------------------------------------------------------------
+
+    def claim_loop(self) -> None:
+        failures = 0
+        try:
+            _ = self.telemetry.available  # says once, now, why GPU telemetry is off (if it is)
+            self.recover()
+            while not self.stop_event.is_set():
+                with self.cond:
+                    while len(self.runners) >= self.config.parallel_jobs and not self.stop_event.is_set():
+                        self.cond.wait(1.0)
+                if self.stop_event.is_set():
+                    return
+                try:
+                    item = self.api.claim_job(self.config.worker_id, self.active_ids(), self.config.claim_wait)
+                    failures = 0
+                except FatalApiError as exc:
+                    self.on_fatal(exc)
+                    return
+                except ApiUnavailable as exc:
+                    failures += 1
+                    log.warning("job claim failed (%s): asking the server what this worker holds instead of "
+                                "claiming again", exc)
+                    self.stop_event.wait(self.backoff.delay(failures))
+                    self.resume_after_error()
+                    continue
+                except ApiError as exc:
+                    if exc.code == "unknown_active_jobs":
+                        continue  # a job ended during the long-poll: claim again at once
+                    failures += 1
+                    log.warning("job claim refused: %s", exc)
+                    self.stop_event.wait(self.backoff.delay(failures))
+                    continue
+                if item is not None:
+                    self.accept(item)
+        except Stopping:
+            return
+        except FatalApiError as exc:
+            self.on_fatal(exc)
+        except Exception:
+            log.exception("the job claim loop failed")
+            self.on_fatal(FatalApiError("The job claim loop failed unexpectedly; see the log above."))
+
+    def telemetry_loop(self) -> None:
+        """A sample of each running job's GPUs as soon as it runs, then every INTERVAL_SECONDS."""
+        while not self.stop_event.wait(1.0):
+            now = time.monotonic()
+            with self.cond:
+                due = [r for r in self.runners.values()
+                       if r.started and r.gpu_ids and not r.done.is_set() and same_machine(r.computer)
+                       and now - r.sampled_at >= INTERVAL_SECONDS]
+            if not due or not self.telemetry.available:
+                continue
+            stamp = now_iso()
+            for runner in due:
+                runner.sampled_at = now
+                values = self.telemetry.sample(runner.gpu_ids)
+                if not values:
+                    continue
+                runner.telemetry_step += 1
+                try:
+                    self.api.job_metrics(runner.id, self.config.worker_id, runner.lease,
+                                         metric_points(values, runner.telemetry_step, stamp))
+                except ApiError as exc:
+                    log.debug("job %s: GPU metrics not delivered: %s", runner.id, exc)
+
+    def start_threads(self) -> list[threading.Thread]:
+        threads = [threading.Thread(target=self.claim_loop, name="jobs", daemon=True),
+                   threading.Thread(target=self.telemetry_loop, name="gpu-telemetry", daemon=True)]
+        for thread in threads:
+            thread.start()
+        return threads
+
+    def shutdown(self, timeout: float = 5.0) -> None:
+        """The stop event is set: let the runners put their streams down (their jobs keep running)."""
+        with self.cond:
+            runners = list(self.runners.values())
+        deadline = time.monotonic() + timeout
+        for runner in runners:
+            runner.thread.join(timeout=max(0.0, deadline - time.monotonic()))
+        if runners:
+            log.info("left %d job(s) running on their targets: %s", len(runners),
+                     ", ".join(str(r.id) for r in runners))
+
+    def run_once(self) -> None:
+        """Re-attach what this worker holds, or claim one job; wait until those have ended."""
+        self.recover()
+        if not self.active_ids():
+            try:
+                item = self.api.claim_job(self.config.worker_id, [], 0)
+            except ApiUnavailable:
+                self.resume_after_error()
+                item = None
+            if item is not None:
+                self.accept(item)
+        while not self.stop_event.is_set():
+            with self.cond:
+                if not self.runners:
+                    return
+                self.cond.wait(1.0)

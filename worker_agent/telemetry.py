@@ -1,0 +1,88 @@
+"""GPU telemetry of running jobs: utilisation and memory of each job's reserved GPUs, every 10 s, sent
+as job metrics `system/gpu/<id>/utilization` (percent) and `system/gpu/<id>/memory` (MiB used).
+
+NVML (`nvidia-ml-py`, the `telemetry` extra) reads the GPUs of the machine the worker runs on, so it
+serves jobs whose computer is that machine: Local computers and SSH computers at a loopback address.
+When NVML cannot be imported or initialised, the worker says so once in its log, with the reason, and
+reports nothing; it never guesses values."""
+from __future__ import annotations
+
+import logging
+import threading
+
+log = logging.getLogger("mado.worker.telemetry")
+
+INTERVAL_SECONDS = 10.0
+LOOPBACK = ("127.0.0.1", "::1", "localhost")
+
+
+def same_machine(computer: dict) -> bool:
+    if computer.get("kind") == "local":
+        return True
+    host = str(computer.get("host") or "").strip().lower()
+    return host in LOOPBACK or host.startswith("127.")
+
+
+class GpuTelemetry:
+    """Samples GPUs by id through NVML. `sample(ids)` → {id: (utilization %, memory MiB)}; ids NVML
+    does not know are left out."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._nvml = None
+        self._reason: str | None = None
+        self._said = False
+        self._tried = False
+
+    def _init(self) -> None:
+        self._tried = True
+        try:
+            import pynvml
+        except ImportError:
+            self._reason = ("nvidia-ml-py is not installed (install mado-tracking[telemetry] on the worker to report "
+                            "GPU utilisation)")
+            return
+        try:
+            pynvml.nvmlInit()
+        except Exception as exc:  # NVMLError_LibraryNotFound, _DriverNotLoaded, …: no usable GPU here
+            self._reason = f"NVML could not start ({type(exc).__name__}: {exc}); no NVIDIA driver on this machine?"
+            return
+        self._nvml = pynvml
+
+    @property
+    def available(self) -> bool:
+        with self._lock:
+            if not self._tried:
+                self._init()
+            if self._nvml is None and not self._said:
+                self._said = True
+                log.info("GPU telemetry off: %s. Jobs run as usual; no system/gpu metrics are reported.",
+                         self._reason)
+            return self._nvml is not None
+
+    def sample(self, gpu_ids: list[str]) -> dict[str, tuple[float, float]]:
+        if not self.available:
+            return {}
+        nvml = self._nvml
+        values: dict[str, tuple[float, float]] = {}
+        with self._lock:
+            for gpu in gpu_ids:
+                try:
+                    handle = nvml.nvmlDeviceGetHandleByIndex(int(gpu))
+                    rates = nvml.nvmlDeviceGetUtilizationRates(handle)
+                    memory = nvml.nvmlDeviceGetMemoryInfo(handle)
+                except Exception as exc:  # an id NVML does not know, a GPU that fell off the bus
+                    log.debug("GPU %s not sampled: %s", gpu, exc)
+                    continue
+                values[str(gpu)] = (float(rates.gpu), float(memory.used) / 2**20)
+        return values
+
+
+def metric_points(values: dict[str, tuple[float, float]], step: int, timestamp: str) -> list[dict]:
+    points = []
+    for gpu, (utilization, memory_mib) in sorted(values.items()):
+        points.append({"name": f"system/gpu/{gpu}/utilization", "value": utilization, "step": step,
+                       "timestamp": timestamp})
+        points.append({"name": f"system/gpu/{gpu}/memory", "value": round(memory_mib, 1), "step": step,
+                       "timestamp": timestamp})
+    return points
