@@ -29,15 +29,26 @@ def usable_by(user) -> QuerySet[ComputeTarget]:
 
 def manageable_by(user) -> QuerySet[ComputeTarget]:
     """Change, enable/disable, check: the owner and global administrators."""
-    if not user.is_authenticated:
+    if not user.is_authenticated or identity.is_job_principal(user):
         return ComputeTarget.objects.none()
     if user.is_superuser:
         return ComputeTarget.objects.all()
     return ComputeTarget.objects.filter(owner=user)
 
 
+def served_by_worker(worker_user) -> QuerySet[ComputeTarget]:
+    """SSH and Local computers whose checks and jobs a worker may take: those its service account's
+    creator manages. Workers never take site computers (launchers do)."""
+    account = identity.service_account_of(worker_user)
+    if account is None:
+        return ComputeTarget.objects.none()
+    return manageable_by(account.created_by).filter(kind__in=[Kind.SSH, Kind.LOCAL])
+
+
 def can_manage(user, target: ComputeTarget) -> bool:
-    return user.is_authenticated and (user.is_superuser or target.owner_id == user.pk)
+    if not user.is_authenticated or identity.is_job_principal(user):
+        return False  # a job's code never sees connection details, not even of its creator's computer
+    return user.is_superuser or target.owner_id == user.pk
 
 
 def can_use(user, target: ComputeTarget) -> bool:

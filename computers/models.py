@@ -5,6 +5,7 @@ from django.conf import settings
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 from django.db.models import Q
+from django.db.models.functions import Lower
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
@@ -22,7 +23,7 @@ CONNECTION_FIELDS = ["host", "port", "ssh_user", "ssh_key_path", "known_hosts_pa
 
 
 class ComputeTarget(models.Model):
-    name = models.CharField(_("Name"), max_length=64, unique=True)
+    name = models.CharField(_("Name"), max_length=64)
     kind = models.CharField(_("Type"), max_length=8, choices=Kind.choices, default=Kind.SSH)
     owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="computers")
     visibility = models.CharField(_("Visibility"), max_length=8, choices=Visibility.choices, default=Visibility.PRIVATE)
@@ -51,6 +52,7 @@ class ComputeTarget(models.Model):
     class Meta:
         ordering = ["name"]
         constraints = [
+            models.UniqueConstraint(Lower("name"), name="computer_unique_name_ci"),
             models.CheckConstraint(condition=Q(port__gte=1, port__lte=65535), name="computer_port_range"),
             models.CheckConstraint(condition=Q(concurrency__gte=1, concurrency__lte=128),
                                    name="computer_concurrency_range"),

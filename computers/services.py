@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 import re
+import time
 import uuid
 from datetime import timedelta
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from computers import locks
@@ -29,10 +31,10 @@ from computers.choices import (
 )
 from computers.models import CONNECTION_FIELDS, ComputeTarget, ConnectionCheck, DirectoryRead
 from mado.errors import Conflict, Forbidden, ServiceError
-from mado.services import Actor, audit
+from mado.services import SYSTEM, Actor, audit
+from mado.validation import NAME_PATTERN, as_int
 from workers.longpoll import notify
 
-NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 GPU_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9-]{0,63}$")
 CHECK_CLAIM_TIMEOUT = timedelta(minutes=5)
 CHECK_RESULT_TIMEOUT = timedelta(minutes=5)
@@ -41,6 +43,7 @@ READ_RETENTION = timedelta(minutes=10)
 MAX_READ_ENTRIES = 5000
 CHECKS_CHANNEL = "mado_checks"
 READS_CHANNEL = "mado_reads"
+_last_expiry = 0.0
 EDITABLE_FIELDS = ["name", "visibility", "enabled", *CONNECTION_FIELDS, "working_dir", "python_path", "cpu_arch",
                    "runtimes", "gpu_ids", "concurrency", "dataset_transfer", "dataset_cache_limit_gib"]
 SECRET_PATTERNS = [re.compile(r"mmtj?_[A-Za-z0-9_-]{16,}"), re.compile(r"PRIVATE KEY"),
@@ -61,11 +64,14 @@ def register_computer(actor: Actor, data: dict) -> ComputeTarget:
     if actor.user is not None and not access.can_add(actor.user, kind):
         raise Forbidden("Only global administrators can add SSH and Local computers.", "global_admin_required")
     values = _clean({"kind": kind, **data}, target=None)
-    if "concurrency" not in data or data.get("concurrency") in (None, ""):
-        values["concurrency"] = max(1, len(values.get("gpu_ids", [])))
-    with transaction.atomic():
-        target = ComputeTarget.objects.create(owner=actor.user, **values)
-        audit(actor, "computer.create", target, after=_snapshot(target))
+    try:
+        with transaction.atomic():
+            target = ComputeTarget.objects.create(owner=actor.user, **values)
+            audit(actor, "computer.create", target, after=_snapshot(target))
+    except IntegrityError:
+        # Two admins adding the same name at once: the case-insensitive unique index decides.
+        raise ServiceError(f"A computer named {values['name']} already exists; choose another name.",
+                           "invalid_computer", fields={"name": ["Already taken."]}) from None
     if target.enabled:
         notify("mado_jobs")
     return target
@@ -80,6 +86,8 @@ def update_computer(actor: Actor, target: ComputeTarget, changes: dict) -> Compu
     if unknown:
         raise ServiceError(f"These fields cannot be changed: {', '.join(unknown)}.", "read_only_fields",
                            fields={name: ["Read only."] for name in unknown})
+    if set(changes) == {"enabled"}:
+        return _set_enabled(actor, target, changes["enabled"])
     with transaction.atomic():
         target = ComputeTarget.objects.select_for_update().get(pk=target.pk)
         values = _clean({**_snapshot(target), **changes}, target=target)
@@ -97,8 +105,7 @@ def update_computer(actor: Actor, target: ComputeTarget, changes: dict) -> Compu
         for field, value in changed.items():
             setattr(target, field, value)
         target.save()
-        after = {k: _jsonable(v) for k, v in changed.items()}
-        audit(actor, _update_action(changed), target, before=before, after=after)
+        _audit_changes(actor, target, before, changed)
     if changed.get("enabled"):
         notify("mado_jobs")
     return target
@@ -107,6 +114,26 @@ def update_computer(actor: Actor, target: ComputeTarget, changes: dict) -> Compu
 def set_enabled(actor: Actor, target: ComputeTarget, enabled: bool) -> ComputeTarget:
     """Enable/Disable in the list: always allowed, even while Jobs run (disabling only stops new ones)."""
     return update_computer(actor, target, {"enabled": enabled})
+
+
+def _set_enabled(actor: Actor, target: ComputeTarget, enabled) -> ComputeTarget:
+    """Only the enable rule applies: a Local computer can be disabled outside development mode too."""
+    if not isinstance(enabled, bool):
+        raise ServiceError("enabled is true or false.", "invalid_computer", fields={"enabled": ["true or false"]})
+    with transaction.atomic():
+        target = ComputeTarget.objects.select_for_update().get(pk=target.pk)
+        if target.enabled == enabled:
+            return target
+        missing = [f for f in ("working_dir", "python_path") if not getattr(target, f)] if enabled else []
+        if missing:
+            raise ServiceError("Enter the working directory and the Python executable path before enabling.",
+                               "invalid_computer", fields={f: ["Required to enable the computer."] for f in missing})
+        target.enabled = enabled
+        target.save(update_fields=["enabled", "updated_at"])
+        _audit_changes(actor, target, {"enabled": not enabled}, {"enabled": enabled})
+    if enabled:
+        notify("mado_jobs")
+    return target
 
 
 def apply_suggested_settings(actor: Actor, target: ComputeTarget, *, gpu_ids=None, runtimes=None) -> ComputeTarget:
@@ -118,12 +145,18 @@ def apply_suggested_settings(actor: Actor, target: ComputeTarget, *, gpu_ids=Non
     return update_computer(actor, target, changes)
 
 
-def _update_action(changed: dict) -> str:
-    if set(changed) == {"enabled"}:
-        return "computer.enable" if changed["enabled"] else "computer.disable"
-    if set(changed) == {"visibility"}:
-        return "computer.visibility_change"
-    return "computer.update"
+def _audit_changes(actor: Actor, target: ComputeTarget, before: dict, changed: dict) -> None:
+    """One audit row per kind of change: enabling, visibility and the other settings each have theirs."""
+    if "enabled" in changed:
+        audit(actor, "computer.enable" if changed["enabled"] else "computer.disable", target,
+              before={"enabled": before["enabled"]}, after={"enabled": changed["enabled"]})
+    if "visibility" in changed:
+        audit(actor, "computer.visibility_change", target,
+              before={"visibility": before["visibility"]}, after={"visibility": changed["visibility"]})
+    rest = {k: v for k, v in changed.items() if k not in ("enabled", "visibility")}
+    if rest:
+        audit(actor, "computer.update", target, before={k: before[k] for k in rest},
+              after={k: _jsonable(v) for k, v in rest.items()})
 
 
 def _clean(data: dict, *, target: ComputeTarget | None) -> dict:
@@ -173,7 +206,8 @@ def _clean(data: dict, *, target: ComputeTarget | None) -> dict:
         errors["cpu_arch"] = ["CPU architecture must be amd64 or arm64."]
 
     runtimes = data.get("runtimes") or []
-    if not isinstance(runtimes, list) or not set(runtimes) <= set(Runtime.values):
+    if not isinstance(runtimes, list) or not all(isinstance(r, str) for r in runtimes) \
+            or not set(runtimes) <= set(Runtime.values):
         errors["runtimes"] = [f"Runtimes must be chosen from {', '.join(Runtime.values)}."]
         runtimes = []
     out["runtimes"] = [r for r in Runtime.values if r in runtimes]
@@ -181,7 +215,10 @@ def _clean(data: dict, *, target: ComputeTarget | None) -> dict:
     gpu_ids = data.get("gpu_ids") or []
     if isinstance(gpu_ids, str):
         gpu_ids = gpu_ids.split()
-    gpu_ids = [str(g).strip() for g in gpu_ids if str(g).strip()] if isinstance(gpu_ids, list) else None
+    if isinstance(gpu_ids, list) and all(isinstance(g, (str, int)) and not isinstance(g, bool) for g in gpu_ids):
+        gpu_ids = [str(g).strip() for g in gpu_ids if str(g).strip()]
+    else:
+        gpu_ids = None
     if gpu_ids is None or not all(GPU_ID_PATTERN.match(g) for g in gpu_ids) or len(set(gpu_ids)) != len(gpu_ids):
         errors["gpu_ids"] = ["GPU IDs are numbers or GPU UUIDs, one per line, each once."]
         gpu_ids = []
@@ -196,8 +233,11 @@ def _clean(data: dict, *, target: ComputeTarget | None) -> dict:
         errors["dataset_transfer"] = ["Dataset transfer must be relay or direct."]
     out["dataset_cache_limit_gib"] = _int_in(data.get("dataset_cache_limit_gib", 100), 1, 1_000_000,
                                              "dataset_cache_limit_gib", errors,
-                                             "The dataset cache limit must be at least 1 GiB.")
-    out["enabled"] = bool(data.get("enabled", False))
+                                             "The dataset cache limit is from 1 to 1,000,000 GiB.")
+    out["enabled"] = data.get("enabled", False)
+    if not isinstance(out["enabled"], bool):
+        errors["enabled"] = ["enabled is true or false."]
+        out["enabled"] = False
     if out["enabled"]:
         missing = [f for f in ("working_dir", "python_path") if not out[f]]
         for field in missing:
@@ -209,13 +249,10 @@ def _clean(data: dict, *, target: ComputeTarget | None) -> dict:
 
 
 def _int_in(value, low, high, field, errors, message):
-    try:
-        number = int(value)
-    except (TypeError, ValueError):
+    number = as_int(value, low=low, high=high)
+    if number is None:
         errors[field] = [message]
         return low
-    if isinstance(value, bool) or not low <= number <= high or (isinstance(value, float) and value != number):
-        errors[field] = [message]
     return number
 
 
@@ -236,7 +273,7 @@ def request_check(actor: Actor, target: ComputeTarget, worker=None) -> Connectio
         raise Forbidden("Only the computer's owner and global administrators can run connection checks.", "not_owner")
     if worker is not None and actor.user is not None and not access.can_choose_worker(actor.user):
         raise Forbidden("Only global administrators can choose the worker for a check.", "global_admin_required")
-    expire_stale()
+    expire_stale(force=True)
     named = worker if worker is not None else target.last_check_worker
     try:
         with transaction.atomic():
@@ -252,14 +289,25 @@ def request_check(actor: Actor, target: ComputeTarget, worker=None) -> Connectio
     return check
 
 
-def expire_stale() -> None:
+def expire_stale(*, force: bool = False) -> None:
     """Checks nobody claimed within 5 minutes, or claimed without a result for 5 minutes, end as expired;
-    reads older than 10 minutes are forgotten."""
+    reads older than 10 minutes are forgotten. Runs at most once a second per process: long-polls call
+    it on every round, and the deadlines are minutes long."""
+    global _last_expiry
+    if not force and time.monotonic() - _last_expiry < 1.0:
+        return
+    _last_expiry = time.monotonic()
     now = timezone.now()
-    ConnectionCheck.objects.filter(status=CheckStatus.QUEUED, created_at__lt=now - CHECK_CLAIM_TIMEOUT).update(
-        status=CheckStatus.EXPIRED, failure_reason=CheckFailure.NOT_CLAIMED, finished_at=now)
-    ConnectionCheck.objects.filter(status=CheckStatus.CLAIMED, claimed_at__lt=now - CHECK_RESULT_TIMEOUT).update(
-        status=CheckStatus.EXPIRED, failure_reason=CheckFailure.NO_RESULT, finished_at=now)
+    expired = list(ConnectionCheck.objects.filter(
+        Q(status=CheckStatus.QUEUED, created_at__lt=now - CHECK_CLAIM_TIMEOUT)
+        | Q(status=CheckStatus.CLAIMED, claimed_at__lt=now - CHECK_RESULT_TIMEOUT)).select_related("target"))
+    for check in expired:
+        reason = CheckFailure.NOT_CLAIMED if check.status == CheckStatus.QUEUED else CheckFailure.NO_RESULT
+        # Conditional on the status: a result that landed meanwhile wins.
+        if ConnectionCheck.objects.filter(pk=check.pk, status=check.status).update(
+                status=CheckStatus.EXPIRED, failure_reason=reason, finished_at=now):
+            audit(SYSTEM, "computer.check.finish", check.target,
+                  after={"check": check.pk, "status": "expired", "failure_reason": reason})
     DirectoryRead.objects.filter(status=ReadStatus.QUEUED, created_at__lt=now - READ_CLAIM_TIMEOUT).update(
         status=ReadStatus.FAILED, error=ReadError.NOT_CLAIMED, finished_at=now)
     DirectoryRead.objects.filter(created_at__lt=now - READ_RETENTION).delete()
@@ -270,13 +318,19 @@ def claim_check(worker) -> ConnectionCheck | None:
     with the same lease, so a lost answer never makes a second claim."""
     expire_stale()
     with transaction.atomic():
+        # Serialise one worker's duplicate claims: the second sees the check the first took.
+        type(worker).objects.select_for_update().filter(pk=worker.pk).first()
         held = ConnectionCheck.objects.filter(status=CheckStatus.CLAIMED, claimed_by=worker).select_related("target")
         if (check := held.first()) is not None:
             return check
         eligible = ConnectionCheck.objects.filter(status=CheckStatus.QUEUED, requested_worker=worker)
         if worker.target_ids:
+            # Unnamed checks: only computers in the worker's target ids that it may serve at all.
+            from computers.access import served_by_worker
+
             eligible = eligible | ConnectionCheck.objects.filter(
-                status=CheckStatus.QUEUED, requested_worker__isnull=True, target_id__in=worker.target_ids)
+                status=CheckStatus.QUEUED, requested_worker__isnull=True, target_id__in=worker.target_ids,
+                target__in=served_by_worker(worker.token.user))
         # SKIP LOCKED: two workers polling at once never wait on, or both take, the same row.
         check = (ConnectionCheck.objects.filter(pk__in=eligible.values("pk")).order_by("created_at", "id")
                  .select_for_update(skip_locked=True, of=("self",)).first())
@@ -293,7 +347,7 @@ def claim_check(worker) -> ConnectionCheck | None:
 def complete_check(worker, check_id: int, *, lease_id, status: str, result) -> ConnectionCheck:
     if status not in (CheckStatus.SUCCEEDED, CheckStatus.FAILED):
         raise ServiceError("status must be succeeded or failed.", "invalid", fields={"status": ["Invalid."]})
-    expire_stale()
+    expire_stale(force=True)
     with transaction.atomic():
         check = ConnectionCheck.objects.select_for_update(of=("self",)).select_related("target").filter(pk=check_id).first()
         if check is None or check.claimed_by_id != worker.pk:
@@ -330,25 +384,54 @@ def _clean_result(result, target: ComputeTarget) -> dict:
     if len(text) > 256 * 1024:
         raise ServiceError("The result is larger than 256 KiB.", "invalid_result")
     items = []
-    for raw in result.get("items", []):
-        if not isinstance(raw, dict) or raw.get("key") not in CHECK_ITEM_KEYS or raw.get("status") not in ItemStatus.values:
+    for raw in _list_of_dicts(result, "items", 32):
+        if raw.get("key") not in CHECK_ITEM_KEYS or raw.get("status") not in ItemStatus.values:
             raise ServiceError(f"Each item needs a key from {', '.join(CHECK_ITEM_KEYS)} and a status from "
                                f"{', '.join(ItemStatus.values)}.", "invalid_result", fields={"items": ["Invalid item."]})
-        code = raw.get("code") or ""
-        detail = _sanitise(str(raw.get("detail") or ""))
-        items.append({"key": raw["key"], "status": raw["status"], "code": code, "detail": detail,
+        code = raw.get("code") if isinstance(raw.get("code"), str) else ""
+        items.append({"key": raw["key"], "status": raw["status"], "code": code,
+                      "detail": _sanitise(str(raw.get("detail") or "")),
                       "resolution": str(RESOLUTIONS.get(code, "")) if raw["status"] == ItemStatus.FAILED else ""})
     machine = result.get("machine") or {}
-    arch = {"x86_64": "amd64", "aarch64": "arm64"}.get(machine.get("arch"), machine.get("arch"))
+    if not isinstance(machine, dict) or any(not isinstance(machine[k], str) for k in ("arch", "home")
+                                            if machine.get(k) is not None):
+        raise ServiceError("machine is an object {arch: text, cores, memory_bytes, home: text}.", "invalid_result",
+                           fields={"machine": ["Object expected."]})
+    arch = _text(machine.get("arch"), 32)
     return {
         "items": items,
-        "machine": {"arch": arch, "cores": machine.get("cores"), "memory_bytes": machine.get("memory_bytes"),
-                    "home": machine.get("home")},
-        "pythons": [p for p in result.get("pythons", []) if isinstance(p, dict) and str(p.get("path", "")).startswith("/")],
-        "workdirs": [w for w in result.get("workdirs", []) if isinstance(w, dict) and str(w.get("path", "")).startswith("/")],
-        "gpus": [g for g in result.get("gpus", []) if isinstance(g, dict)],
-        "runtimes": [r for r in result.get("runtimes", []) if r in Runtime.values],
+        "machine": {"arch": {"x86_64": "amd64", "aarch64": "arm64"}.get(arch, arch),
+                    "cores": as_int(machine.get("cores"), low=1, high=1_000_000),
+                    "memory_bytes": as_int(machine.get("memory_bytes"), low=0, high=2**62),
+                    "home": _path(machine.get("home"))},
+        "pythons": [{"path": _path(p.get("path")), "version": _text(p.get("version"), 32)}
+                    for p in _list_of_dicts(result, "pythons", 64) if _path(p.get("path"))],
+        "workdirs": [{"path": _path(w.get("path")), "writable": w.get("writable") is True,
+                      "free_bytes": as_int(w.get("free_bytes"), low=0, high=2**62)}
+                     for w in _list_of_dicts(result, "workdirs", 128) if _path(w.get("path"))],
+        "gpus": [{"index": as_int(g.get("index"), low=0, high=1024), "uuid": _text(g.get("uuid"), 64),
+                  "name": _text(g.get("name"), 128), "memory_mib": as_int(g.get("memory_mib"), low=0, high=2**40)}
+                 for g in _list_of_dicts(result, "gpus", 64)],
+        "runtimes": [r for r in result.get("runtimes", []) if isinstance(r, str) and r in Runtime.values]
+        if isinstance(result.get("runtimes", []), list) else [],
     }
+
+
+def _list_of_dicts(result: dict, key: str, limit: int) -> list[dict]:
+    value = result.get(key, [])
+    if not isinstance(value, list) or len(value) > limit or not all(isinstance(v, dict) for v in value):
+        raise ServiceError(f"{key} is a list of at most {limit} objects.", "invalid_result",
+                           fields={key: ["List of objects expected."]})
+    return value
+
+
+def _text(value, limit: int) -> str:
+    return _sanitise(value)[:limit] if isinstance(value, str) else ""
+
+
+def _path(value) -> str:
+    return value if isinstance(value, str) and value.startswith("/") and len(value) <= 1024 \
+        and value.isprintable() else ""
 
 
 def _sanitise(text: str) -> str:
@@ -367,7 +450,7 @@ def request_read(actor: Actor, target: ComputeTarget, worker, path: str) -> Dire
     if worker is None or not worker.is_online:
         raise ServiceError("Choose an online worker in Worker for this connection.", "worker_offline",
                            fields={"worker_id": ["Not online."]})
-    expire_stale()
+    expire_stale(force=True)
     read = DirectoryRead.objects.create(target=target, connection=target.connection(), path=path,
                                         requested_by=actor.user, requested_worker=worker)
     notify(READS_CHANNEL)

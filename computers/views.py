@@ -50,6 +50,7 @@ from mado.dialogs import dialog
 from mado.errors import ServiceError
 from mado.forms import add_service_error as shared_add_service_error
 from mado.services import Actor
+from mado.validation import BIGINT_MAX, as_int
 
 POLL = "every 1s"
 MULTI_VALUED = ("runtimes", "gpu_detected")
@@ -479,7 +480,7 @@ def _render_edit(request, target, *, form=None, initial=None, check=None, locked
 @require_http_methods(["GET", "POST"])
 def computer_check_status(request, pk, check_id):
     target = access.managed_for(request.user, pk)
-    services.expire_stale()
+    services.expire_stale(force=True)
     check = get_object_or_404(ConnectionCheck.objects.select_related("requested_worker", "claimed_by"),
                               pk=check_id, target=target)
     flow = request.GET.get("flow", "details")
@@ -715,10 +716,10 @@ def _last_succeeded(target) -> ConnectionCheck | None:
 
 
 def _check_param(params, target) -> ConnectionCheck | None:
-    raw = params.get("check")
-    if not raw or not str(raw).isdigit():
+    check_id = as_int(params.get("check"), low=1, high=BIGINT_MAX)
+    if check_id is None:
         return None
-    return target.checks.select_related("requested_worker", "claimed_by").filter(pk=int(raw)).first()
+    return target.checks.select_related("requested_worker", "claimed_by").filter(pk=check_id).first()
 
 
 def _online_worker(request, pk):
@@ -729,7 +730,8 @@ def _online_worker(request, pk):
 
 
 def _read_ids(params, field: str) -> list[int]:
-    return [int(x) for x in str(params.get(f"{field}_reads", "")).split(",") if x.strip().isdigit()][-50:]
+    ids = (as_int(x, low=1, high=BIGINT_MAX) for x in str(params.get(f"{field}_reads", "")).split(","))
+    return [i for i in ids if i is not None][-50:]
 
 
 def _action(request) -> str:

@@ -8,10 +8,12 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from jobs import access, outputs, services
+from jobs.choices import Stream
 from jobs.serializers import artifact_body, job_body, log_body, metric_body
 from mado.api.views import project_for
 from mado.choices import Role, Scope
 from mado.services import Actor
+from mado.validation import BIGINT_MAX, as_int
 
 LOG_PAGE = 500
 
@@ -84,18 +86,18 @@ class JobLogsView(APIView):
                    responses=OpenApiTypes.OBJECT)
     def get(self, request, pk):
         job = _job(request, pk)
-        after = request.query_params.get("after", "0")
-        if not after.isdigit():
+        after = as_int(request.query_params.get("after", "0"), low=0, high=BIGINT_MAX)
+        if after is None:
             raise exceptions.ValidationError({"after": ["after is the id of the last chunk you have."]})
-        chunks = list(job.log_chunks.filter(id__gt=int(after)).order_by("id")[:LOG_PAGE])
-        return Response({"items": [log_body(c) for c in chunks], "next": chunks[-1].pk if chunks else int(after),
+        chunks = list(job.log_chunks.filter(id__gt=after).order_by("id")[:LOG_PAGE])
+        return Response({"items": [log_body(c) for c in chunks], "next": chunks[-1].pk if chunks else after,
                          "status": job.status})
 
     @extend_schema(request=OpenApiTypes.OBJECT, responses=OpenApiTypes.OBJECT)
     def post(self, request, pk):
         job = _job(request, pk)
         _own_job_token(request, job)
-        stored = services.append_logs(job, _object(request).get("chunks"))
+        stored = services.append_logs(job, _object(request).get("chunks"), streams=(Stream.APP,))
         return Response({"stored": stored})
 
 

@@ -34,6 +34,7 @@ class EndReason(models.TextChoices):
 class Stream(models.TextChoices):
     STDOUT = "stdout", "stdout"
     STDERR = "stderr", "stderr"
+    APP = "app", "app"  # what the job's own code sends with its job token
 
 
 class ClusterMode(models.TextChoices):

@@ -15,6 +15,7 @@ from computers.choices import Runtime
 from computers.models import ComputeTarget
 from jobs.services import CONTAINER_RUNTIMES
 from mado.forms import add_service_error as shared_add_service_error
+from mado.validation import BIGINT_MAX, as_int
 
 # Service error fields that have a different name in this form.
 SERVICE_FIELDS = {"walltime_seconds": "walltime"}
@@ -133,8 +134,8 @@ class JobForm(forms.Form):
 def parse_walltime(text: str) -> int | None:
     """Seconds from "5400", "90m", "2h30m", "1d 12h" or "01:30:00"; None when it is none of those."""
     text = text.strip().lower()
-    if text.isdigit():
-        return int(text)
+    if (seconds := as_int(text, low=0, high=BIGINT_MAX)) is not None:
+        return seconds
     if re.fullmatch(r"\d+(:\d{1,2}){1,2}", text):
         numbers = [int(part) for part in text.split(":")]
         if any(n >= 60 for n in numbers[1:]):

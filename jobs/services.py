@@ -6,6 +6,7 @@ jobs under that lock, and the unique constraint on (computer, GPU) is the last w
 exclusivity."""
 from __future__ import annotations
 
+import datetime
 import math
 import re
 import shlex
@@ -28,6 +29,7 @@ from mado.choices import Role
 from mado.errors import Conflict, Forbidden, ServiceError
 from mado.models import JobToken
 from mado.services import Actor, audit
+from mado.validation import BIGINT_MAX, INT32_MAX, INT32_MIN, as_int
 from workers.longpoll import notify
 from workers.models import Worker
 
@@ -47,10 +49,10 @@ def create_job(actor: Actor, project, data: dict) -> Job:
     user = actor.user
     if not identity.has_role(user, project, Role.MEMBER):
         raise Forbidden("Creating Jobs needs the member role in this project.", "role_required")
-    values, errors = _clean_job(user, project, data)
-    if errors:
-        raise _invalid(errors)
     with transaction.atomic():
+        values, errors = _clean_job(user, project, data)  # locks the computer row until the job is in
+        if errors:
+            raise _invalid(errors)
         job = Job.objects.create(project=project, created_by=user, **values)
         _event(job, "created", f"Created by {user.username}")
         audit(actor, "job.create", job, project=project,
@@ -62,7 +64,12 @@ def create_job(actor: Actor, project, data: dict) -> Job:
 def _clean_job(user, project, data: dict) -> tuple[dict, dict]:
     errors: dict[str, list[str]] = {}
     values: dict = {}
-    target = ComputeTarget.objects.filter(pk=data.get("computer")).first() if _is_int(data.get("computer")) else None
+    computer_id = as_int(data.get("computer"), low=1, high=BIGINT_MAX)
+    if computer_id is None:
+        raise ServiceError("Choose the computer to run on (its ID).", "invalid_job",
+                           fields={"computer": ["Required: the computer's ID."]})
+    # FOR SHARE: an edit of the computer's GPUs or runtimes waits until this job is in, and then sees it.
+    target = ComputeTarget.objects.select_for_update(no_key=True).filter(pk=computer_id).first()
     if target is None or not computer_access.can_use(user, target):
         # Same answer for "missing" and "not yours": private computers' names stay private.
         raise ServiceError("This computer is not available to you: choose a Public computer, or one you own.",
@@ -70,6 +77,10 @@ def _clean_job(user, project, data: dict) -> tuple[dict, dict]:
     if not target.enabled:
         raise ServiceError(f"The computer {target.name} is disabled; choose another or ask its owner to enable it.",
                            "computer_disabled", fields={"computer": ["Disabled."]})
+    if target.kind == "site":
+        from sites.services import check_can_submit
+
+        check_can_submit(user, target)  # 422 site_account_required until My settings are saved
     values["target"] = target
     runtime = data.get("runtime") or Runtime.PYTHON
     if runtime not in target.runtimes:
@@ -115,9 +126,9 @@ def _clean_job(user, project, data: dict) -> tuple[dict, dict]:
         errors["env"] = [f"{', '.join(sorted(reserved))} are set by Mado; choose other names."]
     values["env"] = env
     walltime = data.get("walltime_seconds")
-    if walltime not in (None, "") and (not _is_int(walltime) or not 1 <= int(walltime) <= MAX_WALLTIME):
+    values["walltime_seconds"] = as_int(walltime, low=1, high=MAX_WALLTIME)
+    if walltime not in (None, "") and values["walltime_seconds"] is None:
         errors["walltime_seconds"] = ["The walltime is between 1 second and 30 days."]
-    values["walltime_seconds"] = int(walltime) if _is_int(walltime) else None
     requirements = str(data.get("requirements") or "")
     if len(requirements) > 64 * 1024:
         errors["requirements"] = ["Keep requirements under 64 KiB."]
@@ -170,8 +181,11 @@ def claim_job(worker: Worker, active_job_ids: list[int]) -> tuple[Job, str | Non
 
 
 def _claimable(worker: Worker):
-    usable = computer_access.usable_by(worker.token.user).values("pk")
-    jobs = Job.objects.filter(status=JobStatus.QUEUED, target__enabled=True, target__in=usable).filter(
+    # A worker runs jobs only on SSH/Local computers that the person who set it up — its service
+    # account's creator — manages: the owner or a global administrator (seed 001 "Worker settings").
+    # Being allowed to *use* a Public computer is not enough to receive other people's jobs and tokens.
+    served = computer_access.served_by_worker(worker.token.user).values("pk")
+    jobs = Job.objects.filter(status=JobStatus.QUEUED, target__enabled=True, target__in=served).filter(
         # The creator may still use the computer: its visibility may have changed since the Job was created.
         Q(target__visibility="public") | Q(target__owner=F("created_by"))
         | Q(created_by__service_account__created_by=F("target__owner"))
@@ -278,21 +292,28 @@ def heartbeat(worker: Worker, job_id: int, *, lease_id, status: str | None = Non
     return job
 
 
-def append_logs(job: Job, chunks) -> int:
-    """Store ordered chunks; a chunk resent with the same stream and offset is ignored."""
+def append_logs(job: Job, chunks, *, streams=(Stream.STDOUT, Stream.STDERR)) -> int:
+    """Store ordered chunks; a chunk resent with the same stream and offset is ignored. The worker
+    writes stdout/stderr; the job's own code (job token) writes its own `app` stream, so the two
+    never collide on an offset."""
     if not isinstance(chunks, list):
         raise ServiceError("chunks is a list of {stream, offset, data}.", "invalid", fields={"chunks": ["List."]})
-    rows = []
+    rows = {}
     for chunk in chunks:
-        if (not isinstance(chunk, dict) or chunk.get("stream") not in Stream.values or not _is_int(chunk.get("offset"))
-                or int(chunk["offset"]) < 0 or not isinstance(chunk.get("data"), str)
+        offset = as_int(chunk.get("offset"), low=0, high=BIGINT_MAX) if isinstance(chunk, dict) else None
+        if (offset is None or chunk.get("stream") not in streams or not isinstance(chunk.get("data"), str)
                 or len(chunk["data"].encode()) > MAX_LOG_CHUNK):
-            raise ServiceError("Each chunk is {stream: stdout|stderr, offset: byte offset ≥ 0, data: text ≤ 1 MiB}.",
-                               "invalid", fields={"chunks": ["Invalid chunk."]})
-        rows.append(LogChunk(job=job, stream=chunk["stream"], offset=int(chunk["offset"]),
-                             data=chunk["data"].replace("\0", "")))
-    created = LogChunk.objects.bulk_create(rows, ignore_conflicts=True)
-    return len(created)
+            raise ServiceError(f"Each chunk is {{stream: {'|'.join(streams)}, offset: byte offset ≥ 0, "
+                               "data: text ≤ 1 MiB}.", "invalid", fields={"chunks": ["Invalid chunk."]})
+        rows[(chunk["stream"], offset)] = LogChunk(job=job, stream=chunk["stream"], offset=offset, data=chunk["data"])
+    if not rows:
+        return 0
+    # Count what is new: bulk_create(ignore_conflicts=True) returns every object it was given.
+    present = set(LogChunk.objects.filter(job=job, stream__in={s for s, _ in rows},
+                                          offset__in={o for _, o in rows}).values_list("stream", "offset"))
+    new = [row for key, row in rows.items() if key not in present]
+    LogChunk.objects.bulk_create(new, ignore_conflicts=True)
+    return len(new)
 
 
 def add_metrics(job: Job, metrics) -> int:
@@ -301,17 +322,14 @@ def add_metrics(job: Job, metrics) -> int:
                            fields={"metrics": ["Invalid list."]})
     rows = []
     for point in metrics:
-        value = point.get("value") if isinstance(point, dict) else None
-        step = point.get("step", 0) if isinstance(point, dict) else None
-        name = point.get("name") if isinstance(point, dict) else None
-        if (not isinstance(name, str) or not name or len(name) > 200
-                or not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value)
-                or not _is_int(step) or not 0 <= int(step) <= 2**53 - 1):
-            raise ServiceError("Each metric is {name, value: a finite number, step: an integer 0 … 2^53-1}.",
-                               "invalid_metric", fields={"metrics": ["Invalid point."]})
-        stamp = point.get("timestamp")
-        when = parse_datetime(stamp) if isinstance(stamp, str) else None
-        rows.append(Metric(job=job, name=name, value=float(value), step=int(step), timestamp=when or timezone.now()))
+        point = point if isinstance(point, dict) else {}
+        name, value = point.get("name"), _finite(point.get("value"))
+        step = as_int(point.get("step", 0), low=0, high=2**53 - 1)
+        when = _timestamp(point.get("timestamp"))
+        if not isinstance(name, str) or not name or len(name) > 200 or value is None or step is None or when is None:
+            raise ServiceError("Each metric is {name, value: a finite number, step: an integer 0 … 2^53-1, "
+                               "timestamp?: an ISO 8601 time}.", "invalid_metric", fields={"metrics": ["Invalid point."]})
+        rows.append(Metric(job=job, name=name, value=value, step=step, timestamp=when))
     Metric.objects.bulk_create(rows)
     return len(rows)
 
@@ -320,8 +338,10 @@ def complete(worker: Worker, job_id: int, *, lease_id, status: str, exit_code=No
              end_reason: str | None = None) -> Job:
     if status not in (JobStatus.FINISHED, JobStatus.FAILED, JobStatus.CANCELED):
         raise ServiceError("status is finished, failed or canceled.", "invalid", fields={"status": ["Invalid."]})
-    if exit_code is not None and not _is_int(exit_code):
-        raise ServiceError("exit_code is an integer.", "invalid", fields={"exit_code": ["Integer."]})
+    if exit_code is not None:
+        exit_code = as_int(exit_code, low=INT32_MIN, high=INT32_MAX)
+        if exit_code is None:
+            raise ServiceError("exit_code is an integer.", "invalid", fields={"exit_code": ["Integer."]})
     if status == JobStatus.FINISHED and exit_code not in (None, 0):
         raise ServiceError("A job that exited with a non-zero code is failed, not finished.",
                            "inconsistent_completion", fields={"status": ["failed expected."]})
@@ -380,6 +400,8 @@ def request_stop(actor: Actor, job: Job) -> Job:
         if job.status == JobStatus.QUEUED:
             # Nobody runs it yet: it ends at once.
             _finish(job, JobStatus.CANCELED, EndReason.CANCELED)
+            audit(actor, "job.complete", job, project=job.project,
+                  after={"status": JobStatus.CANCELED, "end_reason": EndReason.CANCELED, "exit_code": None})
     notify(JOBS_CHANNEL)
     return job
 
@@ -395,12 +417,27 @@ def _invalid(errors: dict) -> ServiceError:
     return ServiceError(summary, "invalid_job", fields=errors)
 
 
-def _is_int(value) -> bool:
-    if isinstance(value, bool):
-        return False
-    if isinstance(value, int):
-        return True
-    return isinstance(value, str) and value.strip().lstrip("-").isdigit()
+def _finite(value) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None
+
+
+def _timestamp(value):
+    """An ISO 8601 time (now when absent), or None when it is not one."""
+    if value is None:
+        return timezone.now()
+    try:
+        parsed = parse_datetime(value) if isinstance(value, str) else None
+    except ValueError:
+        return None
+    if parsed is not None and timezone.is_naive(parsed):
+        parsed = timezone.make_aware(parsed, datetime.timezone.utc)
+    return parsed
 
 
 def _printable(text: str) -> str:

@@ -37,6 +37,7 @@ from mado.choices import Role
 from mado.dialogs import dialog, dialog_done
 from mado.errors import ServiceError
 from mado.services import Actor
+from mado.validation import BIGINT_MAX, as_int
 
 LIST_PAGE = 50
 LOG_TAIL = 2000   # chunks shown when the page opens; the whole log is a download away
@@ -136,16 +137,16 @@ def job_poll(request, project, pk):
     when something in them changed, and the next poller. 286 once the job ended and every chunk was
     sent, which stops htmx polling."""
     job = _job(request, project, pk)  # read before the chunks: a chunk stored after this is sent next time
-    after = request.GET.get("after", "0")
-    if not after.isdigit():
+    after = as_int(request.GET.get("after", "0"), low=0, high=BIGINT_MAX)
+    if after is None:
         raise Http404("after is the id of the last log chunk shown.")
-    chunks = list(job.log_chunks.filter(id__gt=int(after)).order_by("id")[:LOG_PAGE])
+    chunks = list(job.log_chunks.filter(id__gt=after).order_by("id")[:LOG_PAGE])
     done = job.is_terminal and len(chunks) < LOG_PAGE
     panels = _panels(request, job)
     context = {
         **panels,
         "chunks": chunks,
-        "after": chunks[-1].pk if chunks else int(after),
+        "after": chunks[-1].pk if chunks else after,
         "polling": not done,
         "panels_changed": panels["version"] != request.GET.get("v"),
     }

@@ -2,6 +2,8 @@
 lives in one place."""
 from __future__ import annotations
 
+import copy
+
 from django.contrib.auth.models import AnonymousUser, User
 from django.core.exceptions import PermissionDenied
 from django.http import Http404
@@ -17,11 +19,29 @@ def service_account_of(user: User) -> ServiceAccount | None:
         return None
 
 
+def job_principal(creator: User, project: Project, role: str) -> User:
+    """The user a job token acts as: its creator, limited to the creator's role in the job's project.
+    A copy, never saved: a global administrator's job must not act as a global administrator."""
+    user = copy.copy(creator)
+    user.is_superuser = False
+    user.is_staff = False
+    user.job_scope = (project.pk, role)
+    return user
+
+
+def is_job_principal(user) -> bool:
+    return getattr(user, "job_scope", None) is not None
+
+
 def project_role(user: User | AnonymousUser, project: Project) -> str | None:
     """The caller's role in the project: global administrators are admins everywhere; a service
-    account has its own role in its one project; others have their membership's role."""
+    account has its own role in its one project; others have their membership's role; a job token
+    has its creator's role in the job's project only."""
     if not user.is_authenticated:
         return None
+    if is_job_principal(user):
+        project_id, role = user.job_scope
+        return role if project.pk == project_id else None
     if user.is_superuser:
         return Role.ADMIN
     account = service_account_of(user)
@@ -40,6 +60,8 @@ def has_role(user, project: Project, minimum: str) -> bool:
 def projects_visible_to(user):
     if not user.is_authenticated:
         return Project.objects.none()
+    if is_job_principal(user):
+        return Project.objects.filter(pk=user.job_scope[0])
     if user.is_superuser:
         return Project.objects.all()
     account = service_account_of(user)

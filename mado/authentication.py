@@ -100,8 +100,10 @@ def _authenticate_job_token(raw: str):
     if token.revoked_at is not None:
         raise exceptions.AuthenticationFailed("This job token no longer works: its job has ended.")
     # The token carries its creator's current role: someone removed from the project stops recording.
-    if access.project_role(token.user, token.project) is None or not token.user.is_active:
+    role = access.project_role(token.user, token.project)
+    if role is None or not token.user.is_active:
         raise exceptions.AuthenticationFailed(
             "The job's creator is no longer a member of the project, so its job token no longer works."
         )
-    return token.user, TokenPrincipal(kind="job", token=token, project=token.project, scopes=frozenset({Scope.READ.value}))
+    user = access.job_principal(token.user, token.project, role)
+    return user, TokenPrincipal(kind="job", token=token, project=token.project, scopes=frozenset({Scope.READ.value}))

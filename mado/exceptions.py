@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
 from django.http import Http404, JsonResponse
+from django.views.decorators.csrf import csrf_exempt
 from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import set_rollback
@@ -95,6 +96,7 @@ def _sentence(exc: exceptions.APIException) -> str:
     return " ".join(_messages(exc.detail))
 
 
+@csrf_exempt
 def json_not_found(request, exception=None):
     return JsonResponse(error_body(f"No API endpoint at {request.path}; see /api/docs/ for the paths.", "not_found"),
                         status=status.HTTP_404_NOT_FOUND)
@@ -103,3 +105,8 @@ def json_not_found(request, exception=None):
 def json_server_error(request):
     return JsonResponse(error_body("The server failed to handle this request; it has been logged. Try again, and "
                                    "tell the operator if it persists.", "server_error"), status=500)
+
+
+def json_bad_request(request, exception=None):
+    return JsonResponse(error_body("The request could not be read (too large, or malformed); send a smaller or "
+                                   "well-formed body.", "bad_request"), status=400)

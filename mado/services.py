@@ -24,8 +24,8 @@ from mado.models import (
     ServiceAccount,
     role_at_least,
 )
+from mado.validation import NAME_PATTERN
 
-NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 SLUG_PATTERN = re.compile(r"^[a-z0-9][a-z0-9-]{0,63}$")
 
 
@@ -69,12 +69,16 @@ def create_project(actor: Actor, *, slug: str, name: str = "") -> Project:
             "Use 1–64 lower-case letters, digits and hyphens for the project identifier, starting with a letter or digit.",
             "invalid_project_slug", fields={"name": ["Invalid identifier."]},
         )
-    with transaction.atomic():
-        if Project.objects.filter(slug=slug).exists():
-            raise Conflict(f"A project named {slug} already exists; choose another name.", "project_exists",
-                           fields={"name": ["Already taken."]})
-        project = Project.objects.create(slug=slug, name=name.strip() or slug)
-        audit(actor, "project.create", project, project=project, after={"slug": slug, "name": project.name})
+    taken = Conflict(f"A project named {slug} already exists; choose another name.", "project_exists",
+                     fields={"name": ["Already taken."]})
+    if Project.objects.filter(slug=slug).exists():
+        raise taken
+    try:
+        with transaction.atomic():
+            project = Project.objects.create(slug=slug, name=name.strip() or slug)
+            audit(actor, "project.create", project, project=project, after={"slug": slug, "name": project.name})
+    except IntegrityError:
+        raise taken from None  # created by someone else at the same moment
     return project
 
 
@@ -90,16 +94,16 @@ def set_membership(actor: Actor, project: Project, *, username: str, role: str) 
         raise ServiceError("Service accounts belong to one project and cannot be added as members.",
                            "service_account_not_member", fields={"username": ["This is a service account."]})
     with transaction.atomic():
-        membership = Membership.objects.select_for_update().filter(project=project, user=user).first()
-        before = {"role": membership.role} if membership else None
-        if membership is None:
-            membership = Membership.objects.create(project=project, user=user, role=role)
-            action = "membership.create"
-        else:
+        # get_or_create on the unique (project, user): two admins adding the same person at once
+        # end with one membership.
+        membership, created = Membership.objects.select_for_update().get_or_create(
+            project=project, user=user, defaults={"role": role})
+        before = None if created else {"role": membership.role}
+        if not created:
             membership.role = role
             membership.save(update_fields=["role"])
-            action = "membership.update"
-        audit(actor, action, membership, project=project, before=before, after={"username": username, "role": role})
+        audit(actor, "membership.create" if created else "membership.update", membership, project=project,
+              before=before, after={"username": username, "role": role})
     return membership
 
 

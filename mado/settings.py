@@ -97,6 +97,8 @@ USE_TZ = True
 STATIC_URL = "static/"
 STATICFILES_DIRS = [BASE_DIR / "static"]
 STATIC_ROOT = VAR_DIR / "static"
+# Worker outputs carry a manifest of up to 10 000 lines of 4 KiB: JSON bodies up to 48 MiB.
+DATA_UPLOAD_MAX_MEMORY_SIZE = 48 * 2**20
 MEDIA_ROOT = Path(env.env_str("MADO_MEDIA_ROOT", str(VAR_DIR / "media")))
 
 # Security: an https public URL switches on everything a TLS deployment needs.
@@ -118,7 +120,7 @@ REST_FRAMEWORK = {
     ],
     "DEFAULT_PERMISSION_CLASSES": ["mado.permissions.ScopePermission"],
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
-    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
+    "DEFAULT_PARSER_CLASSES": ["mado.parsers.StrictJSONParser"],
     "EXCEPTION_HANDLER": "mado.exceptions.api_exception_handler",
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "DEFAULT_THROTTLE_RATES": {"token_issue": env.env_rate("MADO_TOKEN_ISSUE_RATE", "30/min")},

@@ -30,6 +30,7 @@ urlpatterns = [
     path("", include("sites.urls")),
 ]
 
+handler400 = "mado.views.bad_request"
 handler404 = "mado.views.not_found"
 handler500 = "mado.views.server_error"
 

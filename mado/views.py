@@ -13,7 +13,7 @@ from mado import access, services
 from mado.choices import Role, TokenKind
 from mado.dialogs import dialog, dialog_done
 from mado.errors import ServiceError
-from mado.exceptions import json_not_found, json_server_error
+from mado.exceptions import json_bad_request, json_not_found, json_server_error
 from mado.forms import ServiceAccountForm, TokenForm, add_service_error
 from mado.models import ApiToken, ServiceAccount
 
@@ -166,6 +166,14 @@ def not_found(request, exception=None):
     if request.path.startswith("/api/"):
         return json_not_found(request, exception)
     return render(request, "404.html", {"message": str(exception or "")}, status=404)
+
+
+def bad_request(request, exception=None):
+    if request.path.startswith("/api/"):
+        return json_bad_request(request, exception)
+    from django.views.defaults import bad_request as default_bad_request
+
+    return default_bad_request(request, exception)
 
 
 def server_error(request):

@@ -1,5 +1,6 @@
-"""The shared fixture world: a global admin, a project admin, a member, a viewer, an outsider and an
-admin-role service account with a worker token, in project `lab`; plus API clients for each."""
+"""The shared fixture world: a global admin, a project admin (alice, who also owns computers in some
+tests), a member, a viewer, an outsider, an admin-role service account set up by the global admin with
+a worker token, and alice's own service account, in project `lab`; plus API clients for each."""
 from __future__ import annotations
 
 import pytest
@@ -27,10 +28,16 @@ class World:
         self.viewer = self._user("carol", Role.VIEWER)
         self.outsider = User.objects.create_user("mallory", password="mallory-pass-123")
         Membership.objects.create(project=self.other_project, user=self.outsider, role=Role.ADMIN)
+        # The worker's service account is set up by a global administrator, so its worker may serve
+        # every computer (a worker serves the computers its account's creator manages).
         self.service_account = services.create_service_account(
-            services.Actor(self.project_admin), self.project, name="gpu-host-1-worker", role=Role.ADMIN
+            services.Actor(self.global_admin), self.project, name="gpu-host-1-worker", role=Role.ADMIN
         )
         self.worker_token = self.token(self.service_account.user, WORKER_SCOPES, kind=TokenKind.SERVICE)
+        # A researcher's own service account: it may use alice's Private computers.
+        self.alices_account = services.create_service_account(
+            services.Actor(self.project_admin), self.project, name="alice-bot", role=Role.ADMIN
+        )
 
     def _user(self, username: str, role: str) -> User:
         user = User.objects.create_user(username, password=f"{username}-pass-123")

@@ -63,7 +63,7 @@ def test_409_for_a_service_account_name_taken_in_any_letter_case(world):
                            format="json")
     body = assert_error(response, 409, "service_account_name_taken")
     assert body["fields"]["name"]
-    assert ServiceAccount.objects.filter(project=world.project).count() == 1
+    assert ServiceAccount.objects.filter(project=world.project, name__iexact="gpu-host-1-worker").count() == 1
 
 
 def test_the_same_service_account_name_is_fine_in_another_project(world):

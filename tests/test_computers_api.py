@@ -97,7 +97,7 @@ ROLES = ["global_admin", "owner", "other_researcher", "owners_service_account", 
 def clients(world):
     from tests.conftest import WORKER_SCOPES  # noqa: F401
 
-    sa_token = world.token(world.service_account.user, ["read", "admin"], kind="service")
+    sa_token = world.token(world.alices_account.user, ["read", "admin"], kind="service")
     return {
         "global_admin": session(world.global_admin),
         "owner": session(world.project_admin),

@@ -41,7 +41,7 @@ class TestCreation:
 
     def test_the_owners_service_account_may_use_the_owners_private_computer(self, world):
         alices = gpu_computer(world.project_admin, "alice-box", visibility="private")
-        token = world.token(world.service_account.user, ["read", "jobs:write"], kind="service")
+        token = world.token(world.alices_account.user, ["read", "jobs:write"], kind="service")
         assert bearer(token).post("/api/projects/lab/jobs", job_request(alices), format="json").status_code == 201
 
     @pytest.mark.parametrize("extra,field,text", [
@@ -141,12 +141,18 @@ class TestClaim:
         create(world, gpu_box)
         assert picky.claim()["computer"]["id"] == gpu_box.pk
 
-    def test_a_worker_never_gets_jobs_of_a_private_computer_its_token_may_not_use(self, world):
-        roots = gpu_computer(world.global_admin, "root-box", visibility="private")
-        create(world, roots, user=world.global_admin)
-        worker = JobWorker(world.worker_token, "alices-sa-worker", target_ids=[roots.pk])
+    def test_a_worker_only_serves_computers_its_service_accounts_creator_manages(self, world):
+        """Listing a computer in target ids is not enough: alice's worker never gets jobs (and their
+        job tokens) on root's computers, not even Public ones — only on alice's own."""
+        roots = gpu_computer(world.global_admin, "root-box", visibility="public")
+        alices = gpu_computer(world.project_admin, "alice-box", visibility="public")
+        create(world, roots)
+        alices_job = create(world, alices)
+        token = world.token(world.alices_account.user, ["read", "worker:execute"], kind="service")
+        worker = JobWorker(token, "alices-worker", target_ids=[roots.pk, alices.pk])
         worker.hello()
-        assert worker.claim() is None, "the worker's service account was created by alice, not by root"
+        assert worker.claim()["id"] == alices_job["id"]
+        assert worker.claim(active=[alices_job["id"]]) is None
 
 
 def test_the_unique_constraint_alone_rejects_a_second_reservation_of_a_gpu(world, gpu_box):
@@ -259,9 +265,31 @@ class TestJobTokens:
         client = bearer(item["job_token"])
         assert client.post(f"/api/jobs/{item['id']}/metrics", {"metrics": [{"name": "acc", "value": 0.9, "step": 2}]},
                            format="json").status_code == 200
-        assert client.post(f"/api/jobs/{item['id']}/logs", {"chunks": [{"stream": "stdout", "offset": 0,
+        assert client.post(f"/api/jobs/{item['id']}/logs", {"chunks": [{"stream": "app", "offset": 0,
                                                                         "data": "hi"}]}, format="json").status_code == 200
         assert client.get(f"/api/jobs/{item['id']}").status_code == 200
+
+    def test_the_jobs_own_logs_never_collide_with_the_workers_and_stored_counts_new_chunks(self, world, running,
+                                                                                          job_worker):
+        item, _ = running
+        client = bearer(item["job_token"])
+        assert_error(client.post(f"/api/jobs/{item['id']}/logs", {"chunks": [{"stream": "stdout", "offset": 0,
+                                                                             "data": "forged"}]}, format="json"), 422)
+        client.post(f"/api/jobs/{item['id']}/logs", {"chunks": [{"stream": "app", "offset": 0, "data": "hi"}]},
+                    format="json")
+        first = job_worker.leased(item, "logs", chunks=[{"stream": "stdout", "offset": 0, "data": "real\n"}])
+        again = job_worker.leased(item, "logs", chunks=[{"stream": "stdout", "offset": 0, "data": "real\n"}])
+        assert first.json() == {"stored": 1} and again.json() == {"stored": 0}
+        texts = [c["data"] for c in session(world.viewer).get(f"/api/jobs/{item['id']}/logs").json()["items"]]
+        assert texts == ["hi", "real\n"]
+
+    def test_a_global_admins_job_token_does_not_act_as_a_global_admin(self, world, gpu_box, job_worker):
+        create(world, gpu_box, user=world.global_admin)
+        item = job_worker.claim()
+        client = bearer(item["job_token"])
+        body = client.get(f"/api/computers/{gpu_box.pk}").json()
+        assert "host" not in body and body["manageable"] is False
+        assert_error(client.get("/api/workers"), 403)
 
     def test_a_job_token_may_not_write_elsewhere(self, world, running):
         item, other = running

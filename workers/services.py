@@ -1,23 +1,22 @@
 """Worker presence."""
 from __future__ import annotations
 
-import re
 from datetime import timedelta
 
 from django.db import transaction
 from django.utils import timezone
 
 from mado.errors import ServiceError
+from mado.validation import BIGINT_MAX, NAME_PATTERN, as_int
 from workers.models import Worker
 
-WORKER_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 MAX_CANDIDATES = 50
 # last_seen_at is written at most this often unless something else changed (REFERENCE §1).
 TOUCH_RESOLUTION = timedelta(seconds=15)
 
 
 def validate_worker_id(worker_id) -> str:
-    if not isinstance(worker_id, str) or not WORKER_ID_PATTERN.match(worker_id):
+    if not isinstance(worker_id, str) or not NAME_PATTERN.match(worker_id):
         raise ServiceError(
             "worker_id must be 1–64 letters, digits, '.', '_' or '-', starting with a letter or digit.",
             "invalid_worker_id", fields={"worker_id": ["Invalid worker id."]},
@@ -26,15 +25,16 @@ def validate_worker_id(worker_id) -> str:
 
 
 def hello(principal, data: dict) -> Worker:
-    missing = [name for name in ("worker_id", "version", "hostname") if data.get(name) in (None, "")]
-    if missing:
-        raise ServiceError(f"Send {', '.join(missing)} in the hello body.", "missing_fields",
-                           fields={name: ["This field is required."] for name in missing})
+    problems = {name: ["Required: a non-empty string."] for name in ("worker_id", "version", "hostname")
+                if not isinstance(data.get(name), str) or not data[name].strip()}
+    if problems:
+        raise ServiceError(f"Send {', '.join(problems)} as non-empty strings in the hello body.", "missing_fields",
+                           fields=problems)
     worker_id = validate_worker_id(data["worker_id"])
     values = {
         "project": principal.project,
-        "version": str(data["version"])[:64],
-        "hostname": str(data["hostname"])[:255],
+        "version": data["version"][:64],
+        "hostname": data["hostname"][:255],
         "parallel_jobs": _int(data.get("parallel_jobs", 2), "parallel_jobs", 1, 256),
         "target_ids": _target_ids(data.get("target_ids")),
         "capabilities": _strings(data.get("capabilities", []), "capabilities", 32),
@@ -55,27 +55,32 @@ def hello(principal, data: dict) -> Worker:
 
 
 def touch(principal, worker_id) -> Worker:
-    """A claim call refreshes presence; it creates a bare presence row for a worker that skipped hello."""
+    """A claim call refreshes presence. A worker must have said hello first (seed 001: claims and
+    resumes without the required presence fields are refused with 422)."""
     worker_id = validate_worker_id(worker_id)
     now = timezone.now()
-    worker, created = Worker.objects.get_or_create(
-        token=principal.token, worker_id=worker_id, defaults={"project": principal.project, "last_seen_at": now})
-    if not created and worker.last_seen_at < now - TOUCH_RESOLUTION:
+    worker = Worker.objects.filter(token=principal.token, worker_id=worker_id).first()
+    if worker is None:
+        raise ServiceError("Send worker/hello with worker_id, version and hostname before claiming.",
+                           "hello_required")
+    if worker.last_seen_at < now - TOUCH_RESOLUTION:
         Worker.objects.filter(pk=worker.pk).update(last_seen_at=now)
         worker.last_seen_at = now
     return worker
 
 
 def _int(value, name: str, low: int, high: int) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+    number = as_int(value, low=low, high=high)
+    if number is None or not isinstance(value, int):
         raise ServiceError(f"{name} must be a whole number from {low} to {high}.", "invalid", fields={name: ["Out of range."]})
-    return value
+    return number
 
 
 def _target_ids(value):
     if value is None:
         return None
-    if not isinstance(value, list) or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in value):
+    if not isinstance(value, list) or len(value) > 1000 or \
+            not all(as_int(v, low=1, high=BIGINT_MAX) is not None and isinstance(v, int) for v in value):
         raise ServiceError("target_ids must be a list of computer ids, or null for every computer.", "invalid",
                            fields={"target_ids": ["List of positive integers or null."]})
     return sorted(set(value))
