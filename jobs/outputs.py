@@ -14,13 +14,13 @@ from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
 from jobs import storage
-from worker_agent import results
 from jobs.choices import HELD_STATUSES
 from jobs.models import Artifact, Job, Metric, SourceArchive
 from mado import access as identity
 from mado.choices import Role, Scope
 from mado.errors import Conflict, Forbidden, ServiceError
 from mado.services import Actor, audit
+from worker_agent import results
 
 GZIP_MAGIC = b"\x1f\x8b"
 RANGE = re.compile(r"^bytes (\d+)-(\d+)/(\d+)$")
@@ -160,24 +160,31 @@ def receive_artifact(job: Job, path: str, readable, content_range: str | None) -
             raise Conflict(f"Resume the upload from byte {artifact.received_bytes}.", "range_mismatch",
                            fields={"received_bytes": [str(artifact.received_bytes)]})
     part = media(f"partial/{artifact.pk}")
-    try:
-        received = storage.receive(readable, part, limit=artifact.size, append=start > 0)
-    except storage.UploadTooLarge:
+    with storage.exclusive(part) as locked:
+        if not locked:
+            raise Conflict(f"Another upload of {path} is in progress; resume after it ends.", "upload_in_progress")
+        try:
+            received = storage.receive(readable, part, limit=artifact.size, append=start > 0)
+        except storage.UploadTooLarge:
+            storage.remove(part)
+            Artifact.objects.filter(pk=artifact.pk).update(received_bytes=0)
+            raise ServiceError(f"{path} is larger than the declared {artifact.size} bytes.", "size_mismatch") from None
+        return _finish_artifact(job, artifact, part, received)
+
+
+def _finish_artifact(job: Job, artifact: Artifact, part: Path, received: int) -> Artifact:
+    path = artifact.path
+    if received == artifact.size and storage.sha256_of(part) != artifact.sha256:
         storage.remove(part)
-        Artifact.objects.filter(pk=artifact.pk).update(received_bytes=0)
-        raise ServiceError(f"{path} is larger than the declared {artifact.size} bytes.", "size_mismatch") from None
+        Artifact.objects.filter(pk=artifact.pk).update(received_bytes=0)  # start over from byte 0
+        raise ServiceError(f"The bytes of {path} do not match its declared sha256; upload it again.",
+                           "sha256_mismatch")
     with transaction.atomic():
         artifact = Artifact.objects.select_for_update().get(pk=artifact.pk)
         artifact.received_bytes = received
         if received < artifact.size:
             artifact.save(update_fields=["received_bytes"])
             return artifact
-        if storage.sha256_of(part) != artifact.sha256:
-            storage.remove(part)
-            artifact.received_bytes = 0
-            artifact.save(update_fields=["received_bytes"])
-            raise ServiceError(f"The bytes of {path} do not match its declared sha256; upload it again.",
-                               "sha256_mismatch")
         relative = f"artifacts/{job.project_id}/{job.pk}/{path}"
         media(relative).parent.mkdir(parents=True, exist_ok=True)
         os.replace(part, media(relative))

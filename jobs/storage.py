@@ -1,6 +1,8 @@
 """Receiving uploaded bytes: streamed to disk with their sha256, never held in memory whole."""
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import os
 from pathlib import Path
@@ -41,3 +43,20 @@ def remove(path: Path) -> None:
         os.unlink(path)
     except FileNotFoundError:
         pass
+
+
+@contextlib.contextmanager
+def exclusive(path: Path):
+    """Hold a lock file next to `path` without waiting; yields whether the lock was taken. Two
+    uploads of the same part would otherwise interleave their bytes."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_suffix(".lock"), "w") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield False
+            return
+        try:
+            yield True
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)

@@ -104,7 +104,10 @@ def test_bytes_that_do_not_match_the_sha256_are_refused_and_forgotten(world, cla
     text, files = declaration()
     job_worker.leased(claimed, "outputs", result=text, files=files)
     forged = b"accuracy 0.99\n"
-    assert_error(put(job_worker, claimed, "report.txt", forged), 422, "sha256_mismatch")
+    put(job_worker, claimed, "report.txt", forged[:5], HTTP_CONTENT_RANGE=f"bytes 0-4/{len(forged)}")
+    assert Artifact.objects.get(path="report.txt").received_bytes == 5
+    assert_error(put(job_worker, claimed, "report.txt", forged[5:],
+                     HTTP_CONTENT_RANGE=f"bytes 5-{len(forged) - 1}/{len(forged)}"), 422, "sha256_mismatch")
     artifact = Artifact.objects.get(path="report.txt")
     assert artifact.complete is False and artifact.received_bytes == 0
     assert_error(put(job_worker, claimed, "report.txt", REPORT + b"more"), 422, "size_mismatch")
