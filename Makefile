@@ -23,6 +23,11 @@ peers:
 	command -v chromium >/dev/null || missing="$$missing chromium"; \
 	test -x /usr/sbin/sshd || missing="$$missing openssh-server"; \
 	command -v git >/dev/null || missing="$$missing git"; \
+	command -v shellcheck >/dev/null || missing="$$missing shellcheck"; \
+	command -v slurmctld >/dev/null || missing="$$missing slurm-wlm"; \
+	test -x /usr/sbin/munged || missing="$$missing munge"; \
+	test -x /usr/sbin/sge_qmaster || missing="$$missing gridengine-master gridengine-client"; \
+	test -x /usr/sbin/sge_execd || missing="$$missing gridengine-exec"; \
 	if [ -n "$$missing" ]; then \
 	  echo "Installing from Debian:$$missing"; \
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \

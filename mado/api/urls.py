@@ -19,6 +19,7 @@ urlpatterns = [
     path("", include("computers.api_urls")),
     path("", include("workers.api_urls")),
     path("", include("jobs.api_urls")),
+    path("", include("sites.api_urls")),
     path("schema/", SpectacularAPIView.as_view(permission_classes=[], authentication_classes=[]), name="api-schema"),
     path("docs/", SpectacularSwaggerView.as_view(url_name="api-schema", permission_classes=[], authentication_classes=[]),
          name="api-docs"),

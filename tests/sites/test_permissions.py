@@ -57,8 +57,8 @@ def test_other_people_cannot_change_a_public_site_or_save_its_job_shell_even_if_
 
 
 def test_a_service_account_of_the_owner_cannot_change_the_owners_site(world, make_site):
-    target = make_site(world.project_admin)  # the service account in the world was created by alice
-    actor = Actor(world.service_account.user)
+    target = make_site(world.project_admin)  # alice created world.alices_account
+    actor = Actor(world.alices_account.user)
     assert refused(services.update_site, actor, target, {"visibility": "public"}).status == 403
 
 
@@ -68,7 +68,7 @@ def test_a_private_site_runs_jobs_of_its_owner_and_the_service_accounts_the_owne
     target = make_site(world.project_admin)
     other_account = create_service_account(Actor(world.global_admin), world.project, name="root-bot", role="member")
     assert access.can_use(world.project_admin, target)
-    assert access.can_use(world.service_account.user, target)
+    assert access.can_use(world.alices_account.user, target)
     assert not access.can_use(other_account.user, target)
     for user in (world.member, world.viewer, world.outsider, world.global_admin):
         assert not access.can_use(user, target)
@@ -77,7 +77,7 @@ def test_a_private_site_runs_jobs_of_its_owner_and_the_service_accounts_the_owne
 def test_a_public_site_runs_jobs_of_everyone(world, make_site):
     target = make_site(world.member, visibility="public")
     for user in (world.project_admin, world.viewer, world.outsider, world.global_admin,
-                 world.service_account.user):
+                 world.alices_account.user):
         assert access.can_use(user, target)
 
 
@@ -98,6 +98,6 @@ def test_people_who_cannot_use_a_private_site_cannot_save_settings_on_it(world, 
 
 def test_service_accounts_cannot_have_their_own_settings(world, make_site):
     target = make_site(world.project_admin, account="personal", ssh_user="")
-    assert access.can_use(world.service_account.user, target)
-    error = refused(services.save_my_settings, Actor(world.service_account.user), target, {"account_name": "bot"})
+    assert access.can_use(world.alices_account.user, target)
+    error = refused(services.save_my_settings, Actor(world.alices_account.user), target, {"account_name": "bot"})
     assert error.status == 403 and error.code == "service_account_no_settings"

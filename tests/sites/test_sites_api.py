@@ -10,7 +10,7 @@ from sites import shells
 from sites.models import JobShell
 from tests.conftest import assert_error, bearer
 
-pytestmark = [pytest.mark.django_db, pytest.mark.urls("tests.sites.urls")]
+pytestmark = [pytest.mark.django_db]
 
 
 def session(user) -> APIClient:
