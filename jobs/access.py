@@ -24,15 +24,20 @@ def job_for(user, pk: int) -> Job:
     return job
 
 
-def can_stop(user, job: Job) -> bool:
-    return job.created_by_id == user.pk or identity.has_role(user, job.project, Role.ADMIN)
+def can_stop(user, job: Job, *, is_project_admin: bool | None = None) -> bool:
+    """The creator and project admins. Lists pass `is_project_admin`, worked out once per page."""
+    if job.created_by_id == user.pk:
+        return True
+    if is_project_admin is None:
+        is_project_admin = identity.has_role(user, job.project, Role.ADMIN)
+    return is_project_admin
 
 
-def stop_refusal(user, job: Job) -> str | None:
+def stop_refusal(user, job: Job, *, is_project_admin: bool | None = None) -> str | None:
     """Why the Actions column shows no Request stop button, or None when it does."""
     if job.is_terminal:
         return _("Already ended")
-    if not can_stop(user, job):
+    if not can_stop(user, job, is_project_admin=is_project_admin):
         return _("Only the creator and Project admins can stop this Job")
     if job.stop_requested_at:
         return _("Stop requested")

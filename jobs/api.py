@@ -10,12 +10,14 @@ from rest_framework.views import APIView
 from jobs import access, outputs, services
 from jobs.choices import Stream
 from jobs.serializers import artifact_body, job_body, log_body, metric_body
+from mado import access as identity
 from mado.api.views import project_for
 from mado.choices import Role, Scope
 from mado.services import Actor
 from mado.validation import BIGINT_MAX, as_int
 
 LOG_PAGE = 500
+JOB_PAGE = 200
 
 
 def _object(request) -> dict:
@@ -54,7 +56,13 @@ class ProjectJobsView(APIView):
         status = request.query_params.get("status")
         if status:
             jobs = jobs.filter(status=status)
-        return Response({"items": [job_body(request.user, job) for job in jobs[:500]], "next": None})
+        is_admin = identity.has_role(request.user, project, Role.ADMIN)
+        before = as_int(request.query_params.get("before", BIGINT_MAX), low=1, high=BIGINT_MAX)
+        if before is None:
+            raise exceptions.ValidationError({"before": ["before is the id of the oldest job you have."]})
+        page = list(jobs.filter(pk__lt=before).order_by("-id")[:JOB_PAGE])
+        return Response({"items": [job_body(request.user, job, is_project_admin=is_admin) for job in page],
+                         "next": page[-1].pk if len(page) == JOB_PAGE else None})
 
     @extend_schema(request=OpenApiTypes.OBJECT, responses={201: OpenApiTypes.OBJECT})
     def post(self, request, project):

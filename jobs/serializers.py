@@ -7,7 +7,7 @@ from jobs import access
 from jobs.models import Job
 
 
-def job_body(user, job: Job) -> dict:
+def job_body(user, job: Job, *, is_project_admin: bool | None = None) -> dict:
     return {
         "id": job.pk,
         "project": job.project.slug,
@@ -32,7 +32,7 @@ def job_body(user, job: Job) -> dict:
         "worker": job.worker.worker_id if job.worker else None,
         "unresponsive": job.is_unresponsive,
         "stop_requested_at": job.stop_requested_at,
-        "can_stop": access.stop_refusal(user, job) is None,
+        "can_stop": access.stop_refusal(user, job, is_project_admin=is_project_admin) is None,
         "created_at": job.created_at,
         "claimed_at": job.claimed_at,
         "started_at": job.started_at,

@@ -61,12 +61,14 @@ EVENT_LABELS = {
 @require_GET
 def job_list(request, project):
     project = identity.project_for_user(request.user, project)
-    jobs = access.visible_in(request.user, project).select_related("target", "created_by", "worker")
+    jobs = access.visible_in(request.user, project).select_related("project", "target", "created_by", "worker")
     page = Paginator(jobs, LIST_PAGE).get_page(request.GET.get("page"))
+    is_admin = identity.has_role(request.user, project, Role.ADMIN)
     context = {
         "project": project,
         "page": page,
-        "rows": [{"job": job, "refusal": access.stop_refusal(request.user, job), "age": _age(job.created_at)}
+        "rows": [{"job": job, "refusal": access.stop_refusal(request.user, job, is_project_admin=is_admin),
+                  "age": _age(job.created_at)}
                  for job in page],
         # The list polls while something can still change by itself.
         "polling": jobs.filter(status__in=ACTIVE_STATUSES).exists(),

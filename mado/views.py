@@ -4,8 +4,10 @@ from __future__ import annotations
 import json
 
 from django.contrib.auth.decorators import login_required
+from django.db.models import Count, Q
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
+from django.utils import timezone
 from django.utils.translation import gettext as _
 from django.views.decorators.http import require_http_methods, require_POST
 
@@ -52,7 +54,9 @@ def project_home(request, project):
 @login_required
 def service_accounts(request, project):
     project = access.project_for_user(request.user, project, Role.ADMIN)
-    accounts = project.service_accounts.select_related("created_by")
+    now = timezone.now()
+    accounts = project.service_accounts.select_related("created_by").annotate(usable_tokens=Count(
+        "user__api_tokens", filter=Q(user__api_tokens__revoked_at__isnull=True, user__api_tokens__expires_at__gt=now)))
     context = {"project": project, "accounts": accounts, "is_project_admin": True}
     if request.htmx and request.GET.get("fragment") == "list":
         return render(request, "mado/partials/_service_account_list.html", context)

@@ -342,3 +342,32 @@ def test_log_chunks_resent_are_never_duplicated_by_the_database(world, gpu_box):
     with pytest.raises(IntegrityError), transaction.atomic():
         LogChunk.objects.create(job=job, stream="stdout", offset=0, data="a")
 
+
+
+def test_the_jobs_list_costs_the_same_number_of_queries_for_5_and_45_jobs(world, gpu_box):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    def count(path):
+        with CaptureQueriesContext(connection) as ctx:
+            assert session(world.viewer).get(path).status_code == 200
+        return len(ctx.captured_queries)
+
+    for _ in range(5):
+        create(world, gpu_box)
+    few_api, few_page = count("/api/projects/lab/jobs"), count("/projects/lab/jobs/")
+    for _ in range(40):
+        create(world, gpu_box)
+    assert count("/api/projects/lab/jobs") == few_api
+    assert count("/projects/lab/jobs/") == few_page
+
+
+def test_the_jobs_list_pages_with_a_cursor(world, gpu_box, monkeypatch):
+    from jobs import api
+
+    monkeypatch.setattr(api, "JOB_PAGE", 3)
+    ids = [create(world, gpu_box)["id"] for _ in range(5)]
+    first = session(world.viewer).get("/api/projects/lab/jobs").json()
+    assert [j["id"] for j in first["items"]] == ids[::-1][:3] and first["next"] == ids[2]
+    second = session(world.viewer).get(f"/api/projects/lab/jobs?before={first['next']}").json()
+    assert [j["id"] for j in second["items"]] == ids[1::-1] and second["next"] is None
