@@ -76,3 +76,16 @@ def test_django_admin_never_shows_a_token_hash(world, client):
     assert page.status_code == 200
     assert token.token_hash.encode() not in page.content
     assert token.prefix.encode() in page.content
+
+
+def test_django_admin_revokes_tokens_through_the_audited_service_and_edits_nothing_directly(world, client):
+    client.force_login(world.global_admin)
+    token = ApiToken.objects.get(prefix=world.worker_token[:12])
+    response = client.post("/admin/mado/apitoken/", {"action": "revoke", "_selected_action": [token.pk]})
+    assert response.status_code == 302
+    token.refresh_from_db()
+    assert token.revoked_at is not None
+    assert AuditEvent.objects.filter(action="token.revoke", object_id=str(token.pk), actor=world.global_admin).exists()
+    assert client.get(f"/admin/mado/membership/{world.project.memberships.first().pk}/change/").status_code == 200
+    forged = client.post(f"/admin/mado/membership/{world.project.memberships.first().pk}/change/", {"role": "admin"})
+    assert forged.status_code == 403
