@@ -131,11 +131,11 @@ class E2E:
 
     # -- workers -------------------------------------------------------------------------------
 
-    def start_worker(self, **env) -> WorkerProcess:
+    def start_worker(self, url: str | None = None, **env) -> WorkerProcess:
         extra = {"MMT_WORKER_CANCEL_GRACE": "3"}
         extra.update({k: str(v) for k, v in env.items()})
-        worker = WorkerProcess(self.url, self.world.worker_token, self.state_dir, self.home, self.sshd.client_dir,
-                               self.tmp, extra_env=extra)
+        worker = WorkerProcess(url or self.url, self.world.worker_token, self.state_dir, self.home,
+                               self.sshd.client_dir, self.tmp, extra_env=extra)
         self.workers.append(worker)
         return worker
 
@@ -150,6 +150,14 @@ class E2E:
         path.write_text(text)
         os.chown(path, self.uid, self.gid)
         return path
+
+    def counter_job(self, mark: str, lines: int, pause: float, **data) -> Job:
+        """A job printing `lines` numbered lines, one every `pause` seconds (and one stderr line in 50)."""
+        script = self.working_dir / "counter.py"
+        if not script.exists():
+            self.script("counter.py", COUNTER)
+        return self.create_job(command=["python", str(script), str(lines), str(pause)],
+                               env={"MARKS": str(self.marks), "MARK": mark}, **data)
 
     def create_job(self, **data) -> Job:
         body = {"computer": self.computer.pk, "runtime": "python", **data}
@@ -229,14 +237,18 @@ def e2e(transactional_db, live_server, world, sshd, tmp_path):
     setup.close()
     # The live server keeps a database connection per open HTTP connection and holds a long-poll until
     # its wait ends: let them end, so that the test database can be dropped.
-    wait_until(lambda: not other_sessions(), timeout=CLAIM_WAIT + 15, interval=0.1, what="database sessions to end")
+    try:
+        wait_until(lambda: not other_sessions(), timeout=CLAIM_WAIT + 15, interval=0.1)
+    except AssertionError:
+        raise AssertionError(f"database sessions still open: {other_sessions()}") from None
 
 
-def other_sessions() -> int:
+def other_sessions() -> list:
     from django.db import connection
     with connection.cursor() as cursor:
-        cursor.execute("SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()")
-        return len(cursor.fetchall())
+        cursor.execute("SELECT pid, state, left(query, 80) FROM pg_stat_activity "
+                       "WHERE datname = current_database() AND pid <> pg_backend_pid()")
+        return cursor.fetchall()
 
 
 # -- material for jobs ------------------------------------------------------------------------------
@@ -305,3 +317,122 @@ def nvmlDeviceGetUtilizationRates(handle):
 def nvmlDeviceGetMemoryInfo(handle):
     return _Memory()
 '''
+
+
+COUNTER = '''\
+import os, sys, time
+with open(os.path.join(os.environ["MARKS"], os.environ["MARK"]), "a") as f:
+    f.write(f"{os.getpid()}\\n")
+lines, pause = int(sys.argv[1]), float(sys.argv[2])
+for i in range(lines):
+    print(f"line {i:06d}")
+    if i % 50 == 0:
+        print(f"err {i:06d}", file=sys.stderr)
+    time.sleep(pause)
+print("done")
+'''
+
+
+def counter_lines(count: int) -> list[str]:
+    return [f"line {i:06d}" for i in range(count)] + ["done"]
+
+
+def counter_errors(count: int) -> list[str]:
+    return [f"err {i:06d}" for i in range(0, count, 50)]
+
+
+def job_lines(text: str, prefix: str) -> list[str]:
+    return [line for line in text.splitlines() if line.startswith(prefix)]
+
+
+# -- an API port that can go away -------------------------------------------------------------------
+
+class FlakyPort:
+    """A TCP forwarder in front of the live server. `down()` closes the listening socket and resets
+    every open connection, as a server restart does; `up()` listens on the same port again."""
+
+    def __init__(self, upstream_port: int):
+        import socket
+        import threading
+
+        self.upstream = ("127.0.0.1", upstream_port)
+        probe = socket.socket()
+        probe.bind(("127.0.0.1", 0))
+        self.port = probe.getsockname()[1]
+        probe.close()
+        self.lock = threading.Lock()
+        self.sockets: set = set()
+        self.listener = None
+        self.up()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def up(self) -> None:
+        import socket
+        import threading
+
+        listener = socket.socket()
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("127.0.0.1", self.port))
+        listener.listen(64)
+        self.listener = listener
+        threading.Thread(target=self._accept, args=(listener,), daemon=True).start()
+
+    def _accept(self, listener) -> None:
+        import socket
+        import threading
+
+        while True:
+            try:
+                client, _ = listener.accept()
+            except OSError:
+                return
+            try:
+                server = socket.create_connection(self.upstream)
+            except OSError:
+                client.close()
+                continue
+            with self.lock:
+                self.sockets.update((client, server))
+            for a, b in ((client, server), (server, client)):
+                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    def _pump(self, source, sink) -> None:
+        try:
+            while True:
+                data = source.recv(1 << 16)
+                if not data:
+                    break
+                sink.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (source, sink):
+                try:
+                    s.shutdown(2)
+                except OSError:
+                    pass
+
+    def down(self) -> None:
+        import socket
+        import struct
+
+        try:
+            self.listener.shutdown(socket.SHUT_RDWR)  # wakes the accept() in progress; close() alone would not
+        except OSError:
+            pass
+        self.listener.close()
+        with self.lock:
+            sockets, self.sockets = list(self.sockets), set()
+        for s in sockets:
+            try:
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # RST
+                s.shutdown(socket.SHUT_RDWR)  # wakes the pump blocked in recv(); close() alone would not
+                s.close()
+            except OSError:
+                pass
+
+    def close(self) -> None:
+        self.down()

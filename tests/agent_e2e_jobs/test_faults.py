@@ -1,0 +1,152 @@
+"""Faults in the middle of a running job, with real processes: the worker SIGKILLed and started again,
+the target's sshd killed and started again, the API server gone for seconds. In each case the job
+keeps running on its target, is never started a second time, every log line reaches the server once
+and in order, and the job completes exactly once with its GPUs released."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+
+from jobs.models import Metric
+from tests.agent_e2e_jobs.conftest import (FlakyPort, counter_errors, counter_lines, job_lines, processes_under,
+                                           wait_until)
+from tests.peers.sshd import SSHD, start_sshd
+from worker_agent import supervisor
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] not in (b"Z", b"X")
+    except OSError:
+        return False
+
+
+def target_state(e2e, job) -> dict:
+    path = os.path.join(supervisor.workspace(str(e2e.working_dir), job.pk), "state.json")
+    with open(path) as f:
+        return json.load(f)
+
+
+def assert_complete_logs(e2e, job, lines: int) -> None:
+    assert e2e.stream(job, "stdout").splitlines() == counter_lines(lines)
+    assert job_lines(e2e.stream(job, "stderr"), "err ") == counter_errors(lines)
+    e2e.assert_delivered_in_order(job)
+
+
+def test_a_worker_killed_mid_job_is_started_again_and_re_attaches(e2e):
+    first = e2e.start_worker()
+    job = e2e.counter_job("killed", lines=4000, pause=0.001, gpu_ids=["1"])
+    e2e.wait_log(job, "line 000400", timeout=60)
+    first.kill()
+    assert e2e.journal() == [f"{job.pk}.json"]
+    pid = int(e2e.starts("killed")[0])
+    time.sleep(0.3)
+    assert pid_alive(pid), "the job runs on without its worker"
+    assert e2e.job(job).status == "running"
+
+    second = e2e.start_worker()
+    e2e.wait_ended(job, timeout=60)
+    job = e2e.assert_ended_once(job, "finished")
+    assert_complete_logs(e2e, job, 4000)
+    assert e2e.starts("killed") == [str(pid)], "no second process was started"
+    assert target_state(e2e, job)["recoveries"] == 0, "the supervisor itself was not replaced"
+    assert f"resuming job {job.pk}" in second.output()
+    # Without NVML (no NVIDIA library here) the worker says why, once, and reports no GPU metrics.
+    assert first.output().count("GPU telemetry off: NVML could not start (NVMLError_LibraryNotFound") == 1
+    assert not Metric.objects.filter(job_id=job.pk, name__startswith="system/gpu/").exists()
+
+
+@pytest.fixture
+def sshd():
+    """An sshd of this test alone: it gets killed."""
+    server = start_sshd()
+    yield server
+    server.stop()
+
+
+def kill_sshd(sshd) -> None:
+    """The listening sshd and every session it forked (so each connection drops), by PID."""
+    def children(pid: int) -> list[int]:
+        found = []
+        for name in os.listdir("/proc"):
+            if name.isdigit():
+                try:
+                    with open(f"/proc/{name}/stat", "rb") as f:
+                        if int(f.read().rsplit(b")", 1)[1].split()[1]) == pid:
+                            found.append(int(name))
+                except OSError:
+                    continue
+        return found
+
+    tree, todo = [], [sshd.process.pid]
+    while todo:
+        pid = todo.pop()
+        tree.append(pid)
+        todo += [c for c in children(pid) if open(f"/proc/{c}/comm").read().strip() == "sshd"]
+    for pid in tree:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    sshd.process.wait()
+
+
+def restart_sshd(sshd) -> None:
+    log = open(sshd.server_dir / "sshd.log", "ab")
+    sshd.process = subprocess.Popen([SSHD, "-D", "-e", "-f", str(sshd.server_dir / "sshd_config")], stdout=log,
+                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    import socket
+
+    def listening():
+        try:
+            socket.create_connection(("127.0.0.1", sshd.port), timeout=0.5).close()
+            return True
+        except OSError:
+            return False
+
+    wait_until(listening, timeout=10, what="sshd to listen again")
+
+
+def test_sshd_killed_and_started_again_mid_job_the_job_runs_on_and_the_worker_reconnects(e2e):
+    worker = e2e.start_worker()
+    job = e2e.counter_job("sshd", lines=1500, pause=0.004)
+    e2e.wait_log(job, "line 000200", timeout=60)
+    kill_sshd(e2e.sshd)
+    pid = int(e2e.starts("sshd")[0])
+    time.sleep(3)
+    assert pid_alive(pid), "the job keeps running while its target's sshd is gone"
+    restart_sshd(e2e.sshd)
+    e2e.wait_ended(job, timeout=60)
+    job = e2e.assert_ended_once(job, "finished")
+    assert_complete_logs(e2e, job, 1500)
+    assert e2e.starts("sshd") == [str(pid)]
+    assert "log stream interrupted" in worker.output()
+    assert worker.process.poll() is None
+
+
+def test_the_api_server_gone_mid_job_logs_and_completion_arrive_after_it_returns(e2e):
+    port = FlakyPort(e2e.live_server.thread.port)
+    try:
+        worker = e2e.start_worker(url=port.url)
+        job = e2e.counter_job("api", lines=300, pause=0.01, gpu_ids=["0"])
+        e2e.wait_log(job, "line 000030", timeout=60)
+        port.down()
+        stdout_log = os.path.join(supervisor.workspace(str(e2e.working_dir), job.pk), "stdout.log")
+        wait_until(lambda: open(stdout_log).read().endswith("done\n"), timeout=30, what="the job to end on its target")
+        time.sleep(2)
+        assert e2e.job(job).status == "running", "nothing could reach the server meanwhile"
+        port.up()
+        e2e.wait_ended(job, timeout=60)
+        job = e2e.assert_ended_once(job, "finished")
+        assert_complete_logs(e2e, job, 300)
+        assert len(e2e.starts("api")) == 1
+        assert "retrying POST worker/jobs/" in worker.output()
+        assert not processes_under(supervisor.workspace(str(e2e.working_dir), job.pk))
+    finally:
+        port.close()
