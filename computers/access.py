@@ -89,12 +89,6 @@ def managed_for(user, pk: int) -> ComputeTarget:
     return target
 
 
-def workers_for_project(project):
-    from workers.models import Worker
-
-    return Worker.objects.filter(project=project)
-
-
 def workers_to_choose(user):
     """Online workers that report key candidates, offered in Worker for this connection."""
     from workers.models import Worker

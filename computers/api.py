@@ -17,15 +17,10 @@ from computers.serializers import (
     computer_body,
     read_body,
 )
+from mado.api.views import json_object
 from mado.choices import Scope
 from mado.services import Actor
 from workers.models import Worker
-
-
-def _object_body(request) -> dict:
-    if not isinstance(request.data, dict):
-        raise exceptions.ValidationError("Send a JSON object.")
-    return dict(request.data)
 
 
 def online_worker(worker_id: str | None) -> Worker | None:
@@ -49,7 +44,7 @@ class ComputerListView(APIView):
 
     @extend_schema(request=ComputerInputSerializer, responses={201: OpenApiTypes.OBJECT})
     def post(self, request):
-        target = services.register_computer(Actor.from_request(request), _object_body(request))
+        target = services.register_computer(Actor.from_request(request), json_object(request))
         return Response(computer_body(request.user, target), status=201)
 
 
@@ -63,7 +58,7 @@ class ComputerDetailView(APIView):
     @extend_schema(request=ComputerInputSerializer, responses=OpenApiTypes.OBJECT)
     def patch(self, request, pk):
         target = access.managed_for(request.user, pk)
-        target = services.update_computer(Actor.from_request(request), target, _object_body(request))
+        target = services.update_computer(Actor.from_request(request), target, json_object(request))
         return Response(computer_body(request.user, target))
 
 

@@ -65,10 +65,6 @@ class ConnectionForm(forms.Form):
         value = self["worker"].value()
         return next((w for w in self.workers if str(w.pk) == str(value or "")), None)
 
-    def value_of(self, name: str):
-        """What the field shows now: the submitted value, else the initial one."""
-        return self[name].value()
-
     def connection_values(self, *, with_kind: bool) -> dict:
         data = {name: self.cleaned_data.get(name) for name in CONNECTION_VALUES}
         data["name"] = (data["name"] or "").strip()

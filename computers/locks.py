@@ -6,7 +6,6 @@ from django.apps import apps
 
 LOCKED_FIELDS = ["kind", "host", "port", "ssh_user", "ssh_key_path", "known_hosts_path", "runtimes", "gpu_ids",
                  "dataset_transfer", "dataset_cache_limit_gib"]
-ACTIVE_JOB_STATUSES = ["queued", "claimed", "running"]
 
 
 def active_jobs(target):
@@ -15,7 +14,9 @@ def active_jobs(target):
         job_model = apps.get_model("jobs", "Job")
     except LookupError:
         return []
-    return job_model.objects.filter(target=target, status__in=ACTIVE_JOB_STATUSES)
+    from jobs.choices import ACTIVE_STATUSES
+
+    return job_model.objects.filter(target=target, status__in=ACTIVE_STATUSES)
 
 
 def locked_changes(target, changes: dict, jobs=None) -> list[str]:

@@ -11,7 +11,7 @@ from jobs import access, outputs, services
 from jobs.choices import Stream
 from jobs.serializers import artifact_body, job_body, log_body, metric_body
 from mado import access as identity
-from mado.api.views import project_for
+from mado.api.views import json_object, project_for
 from mado.choices import Role, Scope
 from mado.services import Actor
 from mado.validation import BIGINT_MAX, as_int
@@ -20,10 +20,6 @@ LOG_PAGE = 500
 JOB_PAGE = 200
 
 
-def _object(request) -> dict:
-    if not isinstance(request.data, dict):
-        raise exceptions.ValidationError("Send a JSON object.")
-    return request.data
 
 
 def _job(request, pk: int):
@@ -67,7 +63,7 @@ class ProjectJobsView(APIView):
     @extend_schema(request=OpenApiTypes.OBJECT, responses={201: OpenApiTypes.OBJECT})
     def post(self, request, project):
         project = project_for(request, project, Role.MEMBER)
-        job = services.create_job(Actor.from_request(request), project, _object(request))
+        job = services.create_job(Actor.from_request(request), project, json_object(request))
         return Response(job_body(request.user, job), status=201)
 
 
@@ -105,7 +101,7 @@ class JobLogsView(APIView):
     def post(self, request, pk):
         job = _job(request, pk)
         _own_job_token(request, job)
-        stored = services.append_logs(job, _object(request).get("chunks"), streams=(Stream.APP,))
+        stored = services.append_logs(job, json_object(request).get("chunks"), streams=(Stream.APP,))
         return Response({"stored": stored})
 
 
@@ -122,7 +118,7 @@ class JobMetricsView(APIView):
     def post(self, request, pk):
         job = _job(request, pk)
         _own_job_token(request, job)
-        return Response({"stored": services.add_metrics(job, _object(request).get("metrics"))})
+        return Response({"stored": services.add_metrics(job, json_object(request).get("metrics"))})
 
 
 class JobArtifactsView(APIView):

@@ -9,7 +9,7 @@ from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
 from computers.choices import Runtime
-from jobs.choices import ClusterMode, EndReason, JobStatus, Stream
+from jobs.choices import HELD_STATUSES, TERMINAL_STATUSES, ClusterMode, EndReason, JobStatus, Stream
 
 UNRESPONSIVE_AFTER = timedelta(seconds=60)
 
@@ -61,12 +61,12 @@ class Job(models.Model):
 
     @property
     def is_terminal(self) -> bool:
-        return self.status in (JobStatus.FINISHED, JobStatus.FAILED, JobStatus.CANCELED)
+        return self.status in TERMINAL_STATUSES
 
     @property
     def is_unresponsive(self) -> bool:
         """Shown as Not responding; never acted on automatically (GPUs stay reserved)."""
-        return (self.status in (JobStatus.CLAIMED, JobStatus.RUNNING) and self.heartbeat_at is not None
+        return (self.status in HELD_STATUSES and self.heartbeat_at is not None
                 and self.heartbeat_at < timezone.now() - UNRESPONSIVE_AFTER)
 
 

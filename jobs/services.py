@@ -27,7 +27,6 @@ from mado import access as identity
 from mado import services as identity_services
 from mado.choices import Role
 from mado.errors import Conflict, Forbidden, ServiceError
-from mado.models import JobToken
 from mado.services import Actor, audit
 from mado.validation import BIGINT_MAX, INT32_MAX, INT32_MIN, as_int
 from workers.longpoll import notify
@@ -376,7 +375,7 @@ def _finish(job: Job, status: str, reason: str, *, exit_code=None, error: str = 
     job.finished_at = timezone.now()
     job.save(update_fields=["status", "end_reason", "exit_code", "error", "finished_at"])
     GpuReservation.objects.filter(job=job).delete()
-    JobToken.objects.filter(job_id=job.pk, revoked_at__isnull=True).update(revoked_at=job.finished_at)
+    identity_services.revoke_job_tokens(job.pk)
     label = {JobStatus.FINISHED: "Finished", JobStatus.FAILED: "Failed", JobStatus.CANCELED: "Canceled"}[status]
     detail = f" (exit code {job.exit_code})" if job.exit_code is not None else ""
     _event(job, status, f"{label}{detail}" + (f": {job.error}" if job.error else ""))

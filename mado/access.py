@@ -95,3 +95,9 @@ def project_for_user(user, slug: str, minimum: str = Role.VIEWER) -> Project:
     if not has_role(user, project, minimum):
         raise PermissionDenied(f"This needs the {minimum} role in project {project.slug}; ask a project admin.")
     return project
+
+
+def holder_label(user) -> str:
+    """How a token's holder is named on pages, in the API and in audit rows."""
+    account = service_account_of(user)
+    return f"service account {account.name}" if account else user.username

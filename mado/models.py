@@ -36,11 +36,6 @@ class Membership(models.Model):
         return f"{self.user} in {self.project} ({self.role})"
 
 
-class ServiceAccountQuerySet(models.QuerySet):
-    def active(self):
-        return self.filter(disabled_at__isnull=True)
-
-
 class ServiceAccount(models.Model):
     """A non-human principal of one project. Its User row exists so tokens, audit and ownership
     treat it like anyone else; the unusable password keeps it out of the login page."""
@@ -55,8 +50,6 @@ class ServiceAccount(models.Model):
     )
     created_at = models.DateTimeField(default=timezone.now)
     disabled_at = models.DateTimeField(null=True, blank=True)
-
-    objects = ServiceAccountQuerySet.as_manager()
 
     class Meta:
         constraints = [

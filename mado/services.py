@@ -202,7 +202,7 @@ def issue_token(
             expires_at=timezone.now() + timedelta(days=days),
         )
         audit(actor, "token.create", token, project=project,
-              after={"kind": kind, "holder": _holder_label(user), "prefix": token.prefix, "scopes": scopes,
+              after={"kind": kind, "holder": access.holder_label(user), "prefix": token.prefix, "scopes": scopes,
                      "expires_at": token.expires_at.isoformat()})
     return token, plaintext
 
@@ -308,7 +308,3 @@ def _validate_scopes(user, project, kind, scopes, ceiling) -> list[str]:
                         fields={"scopes": [f"Not in your token: {', '.join(extra)}"]})
     return wanted
 
-
-def _holder_label(user: User) -> str:
-    account = access.service_account_of(user)
-    return f"service account {account.name}" if account else user.username

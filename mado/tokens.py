@@ -19,8 +19,3 @@ def hash_token(plaintext: str) -> str:
 
 def display_prefix(plaintext: str) -> str:
     return plaintext[:DISPLAY_PREFIX_LENGTH]
-
-
-def mask(text: str) -> str:
-    """A token shortened to its display prefix, for messages and logs."""
-    return display_prefix(text) + "…" if len(text) > DISPLAY_PREFIX_LENGTH else "…"

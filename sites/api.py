@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from django.http import Http404
 from drf_spectacular.utils import OpenApiTypes, extend_schema
-from rest_framework import exceptions
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from computers import access
 from computers.choices import Kind
 from computers.models import ComputeTarget
+from mado.api.views import json_object
 from mado.choices import Scope
 from mado.errors import ServiceError
 from mado.services import Actor
@@ -23,10 +23,6 @@ USER_SETTINGS_FIELDS = ["submission", "account", "template", "working_dir", "run
 CONNECTION_FIELDS = ["host", "port", "ssh_user", "jump_hosts", "known_hosts"]
 
 
-def _object(request) -> dict:
-    if not isinstance(request.data, dict):
-        raise exceptions.ValidationError("Send a JSON object.")
-    return dict(request.data)
 
 
 def _site(user, pk: int) -> ComputeTarget:
@@ -110,7 +106,7 @@ class SiteListView(APIView):
 
     @extend_schema(request=OpenApiTypes.OBJECT, responses={201: OpenApiTypes.OBJECT})
     def post(self, request):
-        target = services.create_site(Actor.from_request(request), _object(request))
+        target = services.create_site(Actor.from_request(request), json_object(request))
         return Response(site_body(request.user, target), status=201)
 
 
@@ -124,7 +120,7 @@ class SiteDetailView(APIView):
     @extend_schema(request=OpenApiTypes.OBJECT, responses=OpenApiTypes.OBJECT)
     def patch(self, request, pk):
         target = _site(request.user, pk)
-        target = services.update_site(Actor.from_request(request), target, _object(request))
+        target = services.update_site(Actor.from_request(request), target, json_object(request))
         return Response(site_body(request.user, target))
 
 
@@ -142,7 +138,7 @@ class JobShellListView(APIView):
     def post(self, request, pk):
         target = _site(request.user, pk)
         shell, created = services.save_job_shell(Actor.from_request(request), target,
-                                                 _object(request).get("content"))
+                                                 json_object(request).get("content"))
         return Response({**shell_body(shell, content=True), "created": created}, status=201 if created else 200)
 
 
@@ -168,5 +164,5 @@ class MySettingsView(APIView):
     def put(self, request, pk):
         services.refuse_service_account(request.user)  # the same answer whatever the computer
         target = _site(request.user, pk)
-        settings = services.save_my_settings(Actor.from_request(request), target, _object(request))
+        settings = services.save_my_settings(Actor.from_request(request), target, json_object(request))
         return Response(my_settings_body(target, settings))

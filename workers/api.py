@@ -13,7 +13,7 @@ from computers import services as computer_services
 from jobs import outputs
 from jobs import services as job_services
 from jobs.serializers import worker_job_payload
-from mado.api.views import items, project_for
+from mado.api.views import items, json_object, project_for
 from mado.choices import Scope
 from workers import services
 from workers.longpoll import wait_for
@@ -32,9 +32,7 @@ class WorkerView(APIView):
                                               code="worker_token_required")
 
     def body(self) -> dict:
-        if not isinstance(self.request.data, dict):
-            raise exceptions.ValidationError("Send a JSON object.")
-        return self.request.data
+        return json_object(self.request)
 
     def worker(self) -> Worker:
         return services.touch(self.request.auth, self.body().get("worker_id"))

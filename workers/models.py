@@ -51,5 +51,3 @@ class Worker(models.Model):
     def reports_candidates(self) -> bool:
         return "key_candidates" in (self.capabilities or [])
 
-    def handles(self, target_id: int) -> bool:
-        return self.target_ids is not None and target_id in self.target_ids

@@ -31,6 +31,13 @@ def project_for(request, key: str, minimum: str = Role.VIEWER) -> Project:
     return project
 
 
+def json_object(request) -> dict:
+    """The request body, which every write endpoint takes as one JSON object."""
+    if not isinstance(request.data, dict):
+        raise exceptions.ValidationError("Send a JSON object as the request body.")
+    return request.data
+
+
 def token_scopes(request) -> frozenset[str] | None:
     return request.auth.scopes if request.auth is not None else None
 
