@@ -9,6 +9,7 @@ from rest_framework.views import APIView
 
 from jobs import access, outputs, services
 from jobs.choices import Stream
+from jobs.models import Job
 from jobs.serializers import artifact_body, job_body, log_body, metric_body
 from mado import access as identity
 from mado.api.views import json_object, project_for
@@ -23,8 +24,12 @@ JOB_PAGE = 200
 
 
 def _job(request, pk: int):
-    job = access.job_for(request.user, pk)
     principal = request.auth
+    if principal is not None and principal.is_job and pk != principal.token.job_id \
+            and not Job.objects.filter(pk=pk, project_id=principal.project.pk).exists():
+        # A job's code reaching outside its project is refused outright (issue 5's job-token matrix).
+        raise exceptions.PermissionDenied("A job token works only within its own project.", code="job_token_forbidden")
+    job = access.job_for(request.user, pk)
     if principal is not None and principal.project.pk != job.project_id:
         raise exceptions.NotFound("No job with this id in your token's project.")
     return job

@@ -318,7 +318,9 @@ class TestJobTokens:
         Membership.objects.create(project=world.other_project, user=world.member, role="member")
         box = make(world.global_admin, "other-project-box")
         elsewhere = session(world.member).post("/api/projects/other/jobs", job_request(box), format="json").json()
-        assert_error(bearer(item["job_token"]).get(f"/api/jobs/{elsewhere['id']}"), 404)
+        assert_error(bearer(item["job_token"]).get(f"/api/jobs/{elsewhere['id']}"), 403, "job_token_forbidden")
+        assert_error(bearer(item["job_token"]).post(f"/api/jobs/{elsewhere['id']}/metrics", {"metrics": []},
+                                                   format="json"), 403, "job_token_forbidden")
 
     def test_after_completion_the_job_token_gets_401(self, world, running, job_worker):
         item, _ = running
