@@ -17,7 +17,7 @@ where it was, and nothing runs twice):
    claim on (`status: running` once the supervisor runs the job); `cancel_requested` in an answer
    makes the supervisor stop the job (SIGTERM, SIGKILL after the grace).
 3. logs: one follow stream per job (`Remote.follow`) from the journaled byte offsets. A reader thread
-   takes frames off the stream; the runner posts them in order, in batches of up to 1 MiB or 0.2 s.
+   takes frames off the stream; the runner posts them in order, in batches of up to 4 MiB or 0.2 s.
    Before a batch is posted its chunk boundaries are journaled, and only after the server accepted
    it the offsets move on: a worker restarted after a crash re-sends that batch cut at the very same
    offsets, which the server ignores as duplicates, so every byte arrives once and in order. A
@@ -60,7 +60,7 @@ from worker_agent.text import mask_tokens
 log = logging.getLogger("mado.worker.jobs")
 
 HEARTBEAT_SECONDS = 5.0
-LOG_BATCH_BYTES = 1 << 20
+LOG_BATCH_BYTES = 4 << 20  # per POST; chunks stay ≤ 256 KiB (the server takes ≤ 1 MiB each)
 LOG_FLUSH_SECONDS = 0.2
 PART_THRESHOLD = 64 << 20
 PART_SIZE = 32 << 20
