@@ -196,6 +196,11 @@ class JobRunner:
             if not self._forgotten:
                 self.manager.journal.save(self.record, durable=durable)
 
+    @property
+    def finished(self) -> bool:
+        """Completed or dropped: nothing of this job is left to this worker."""
+        return self._forgotten
+
     def forget(self) -> None:
         """The job is over for this worker: its record goes, and nothing writes it again."""
         with self._record_lock:
@@ -776,7 +781,7 @@ class JobManager:
 
     def runner_ended(self, runner: JobRunner) -> None:
         with self.cond:
-            if self.runners.get(runner.id) is runner and not self.stop_event.is_set():
+            if self.runners.get(runner.id) is runner and (runner.finished or not self.stop_event.is_set()):
                 del self.runners[runner.id]
             self.cond.notify_all()
 
@@ -837,7 +842,7 @@ class JobManager:
     # -- threads -------------------------------------------------------------------------------
 
     def claim_loop(self) -> None:
-        failures = 0
+        failures = unknown = 0
         try:
             _ = self.telemetry.available  # says once, now, why GPU telemetry is off (if it is)
             self.recover()
@@ -849,7 +854,7 @@ class JobManager:
                     return
                 try:
                     item = self.api.claim_job(self.config.worker_id, self.active_ids(), self.config.claim_wait)
-                    failures = 0
+                    failures = unknown = 0
                 except FatalApiError as exc:
                     self.on_fatal(exc)
                     return
@@ -862,7 +867,11 @@ class JobManager:
                     continue
                 except ApiError as exc:
                     if exc.code == "unknown_active_jobs":
-                        continue  # a job ended during the long-poll: claim again at once
+                        # A job ended during the long-poll: claim again at once. (Should a runner hold a job
+                        # the server no longer gives us, its next heartbeat drops it; until then, slowly.)
+                        unknown += 1
+                        self.stop_event.wait(0 if unknown == 1 else min(1.0, 0.05 * unknown))
+                        continue
                     failures += 1
                     log.warning("job claim refused: %s", exc)
                     self.stop_event.wait(self.backoff.delay(failures))
@@ -914,6 +923,7 @@ class JobManager:
         deadline = time.monotonic() + timeout
         for runner in runners:
             runner.thread.join(timeout=max(0.0, deadline - time.monotonic()))
+        runners = [r for r in runners if not r.finished]
         if runners:
             log.info("left %d job(s) running on their targets: %s", len(runners),
                      ", ".join(str(r.id) for r in runners))

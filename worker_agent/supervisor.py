@@ -177,7 +177,10 @@ def _no_symlink_dir(path: str, *, create: bool, mode: int = 0o700) -> None:
     except FileNotFoundError:
         if not create:
             raise Refused("absent", f"{path} does not exist.") from None
-        os.mkdir(path, mode)
+        try:
+            os.mkdir(path, mode)
+        except FileExistsError:  # another job's start made it meanwhile
+            pass
         st = os.lstat(path)
     if stat.S_ISLNK(st.st_mode):
         raise Refused("symlink_refused", f"{path} is a symbolic link; the workspace must be a real directory "

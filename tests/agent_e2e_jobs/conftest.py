@@ -125,7 +125,7 @@ class E2E:
         self.workers: list[WorkerProcess] = []
         self.computer = ComputeTarget.objects.create(
             owner=world.global_admin, name=f"sshd-{uuid.uuid4().hex[:6]}", kind="ssh", visibility="public",
-            enabled=True, host="127.0.0.1", port=sshd.port, ssh_user=sshd.user, ssh_key_path=str(sshd.key_path),
+            enabled=True, host=getattr(sshd, "host", "127.0.0.1"), port=sshd.port, ssh_user=sshd.user, ssh_key_path=str(sshd.key_path),
             known_hosts_path=str(sshd.known_hosts_path), working_dir=str(self.working_dir), python_path=TARGET_PYTHON,
             runtimes=["python", "docker"], gpu_ids=["0", "1"], concurrency=2)
 
