@@ -428,6 +428,9 @@ class JobRunner:
     def follow(self) -> dict:
         pending = self.record.get("pending") or []
         rechunker = Rechunker(pending) if pending else None
+        if pending:
+            log.info("job %s: %d log chunk(s) were in flight when the worker stopped; sending them again cut at the "
+                     "same offsets", self.id, len(pending))
         failures = 0
         while True:
             self.check()

@@ -349,7 +349,8 @@ def job_lines(text: str, prefix: str) -> list[str]:
 
 class FlakyPort:
     """A TCP forwarder in front of the live server. `down()` closes the listening socket and resets
-    every open connection, as a server restart does; `up()` listens on the same port again."""
+    every open connection, as a server restart does; `up()` listens on the same port again;
+    `swallow_answers` lets requests through but drops the server's answers (a response lost on the way)."""
 
     def __init__(self, upstream_port: int):
         import socket
@@ -363,6 +364,7 @@ class FlakyPort:
         self.lock = threading.Lock()
         self.sockets: set = set()
         self.listener = None
+        self.swallow_answers = False
         self.up()
 
     @property
@@ -396,15 +398,17 @@ class FlakyPort:
                 continue
             with self.lock:
                 self.sockets.update((client, server))
-            for a, b in ((client, server), (server, client)):
-                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+            for a, b, answers in ((client, server, False), (server, client, True)):
+                threading.Thread(target=self._pump, args=(a, b, answers), daemon=True).start()
 
-    def _pump(self, source, sink) -> None:
+    def _pump(self, source, sink, answers: bool) -> None:
         try:
             while True:
                 data = source.recv(1 << 16)
                 if not data:
                     break
+                if answers and self.swallow_answers:
+                    continue  # the request reached the server; its answer never comes back
                 sink.sendall(data)
         except OSError:
             pass

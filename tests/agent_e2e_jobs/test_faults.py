@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from jobs.models import Metric
+from jobs.models import LogChunk, Metric
 from tests.agent_e2e_jobs.conftest import (FlakyPort, counter_errors, counter_lines, job_lines, processes_under,
                                            wait_until)
 from tests.peers.sshd import SSHD, start_sshd
@@ -39,9 +39,9 @@ def assert_complete_logs(e2e, job, lines: int) -> None:
     e2e.assert_delivered_in_order(job)
 
 
-def test_a_worker_killed_mid_job_is_started_again_and_re_attaches(e2e):
+def test_a_worker_killed_mid_job_is_started_again_and_re_attaches_and_sigterm_leaves_the_job_running(e2e):
     first = e2e.start_worker()
-    job = e2e.counter_job("killed", lines=4000, pause=0.001, gpu_ids=["1"])
+    job = e2e.counter_job("killed", lines=6000, pause=0.001, gpu_ids=["1"])
     e2e.wait_log(job, "line 000400", timeout=60)
     first.kill()
     assert e2e.journal() == [f"{job.pk}.json"]
@@ -51,12 +51,19 @@ def test_a_worker_killed_mid_job_is_started_again_and_re_attaches(e2e):
     assert e2e.job(job).status == "running"
 
     second = e2e.start_worker()
+    e2e.wait_log(job, "line 002500", timeout=60)
+    assert second.stop() == 0, "SIGTERM: the worker stops cleanly"
+    assert pid_alive(pid), "SIGTERM to the worker leaves the job running"
+    assert f"left 1 job(s) running on their targets: {job.pk}" in second.output()
+    assert e2e.journal() == [f"{job.pk}.json"]
+
+    third = e2e.start_worker()
     e2e.wait_ended(job, timeout=60)
     job = e2e.assert_ended_once(job, "finished")
-    assert_complete_logs(e2e, job, 4000)
+    assert_complete_logs(e2e, job, 6000)
     assert e2e.starts("killed") == [str(pid)], "no second process was started"
     assert target_state(e2e, job)["recoveries"] == 0, "the supervisor itself was not replaced"
-    assert f"resuming job {job.pk}" in second.output()
+    assert f"resuming job {job.pk}" in second.output() and f"resuming job {job.pk}" in third.output()
     # Without NVML (no NVIDIA library here) the worker says why, once, and reports no GPU metrics.
     assert first.output().count("GPU telemetry off: NVML could not start (NVMLError_LibraryNotFound") == 1
     assert not Metric.objects.filter(job_id=job.pk, name__startswith="system/gpu/").exists()
@@ -148,5 +155,36 @@ def test_the_api_server_gone_mid_job_logs_and_completion_arrive_after_it_returns
         assert len(e2e.starts("api")) == 1
         assert "retrying POST worker/jobs/" in worker.output()
         assert not processes_under(supervisor.workspace(str(e2e.working_dir), job.pk))
+    finally:
+        port.close()
+
+
+def test_a_log_batch_the_server_stored_but_never_acknowledged_is_not_stored_twice_after_a_crash(e2e):
+    """The worker journals a batch's chunk boundaries before posting it. Here the server stores the batch
+    but its answer is lost, and the worker is SIGKILLed while waiting: the next worker follows again from
+    the last acknowledged offsets and cuts the re-sent chunks exactly as before, so the server recognises
+    them, and the stream stays contiguous."""
+    port = FlakyPort(e2e.live_server.thread.port)
+    try:
+        first = e2e.start_worker(url=port.url)
+        job = e2e.counter_job("unacked", lines=2500, pause=0.002)
+        e2e.wait_log(job, "line 000300", timeout=60)
+        port.swallow_answers = True
+        record = e2e.state_dir / "jobs" / f"{job.pk}.json"
+
+        def stored_but_unacknowledged():
+            pending = json.loads(record.read_text())["pending"]
+            return pending and LogChunk.objects.filter(job_id=job.pk, stream=pending[0][0],
+                                                       offset=pending[0][1]).exists()
+
+        wait_until(stored_but_unacknowledged, timeout=30, what="a batch stored by the server but not acknowledged")
+        first.kill()
+        port.swallow_answers = False
+        second = e2e.start_worker(url=port.url)
+        e2e.wait_ended(job, timeout=60)
+        job = e2e.assert_ended_once(job, "finished")
+        assert_complete_logs(e2e, job, 2500)
+        assert "were in flight when the worker stopped; sending them again cut at the same offsets" in second.output()
+        assert len(e2e.starts("unacked")) == 1
     finally:
         port.close()
