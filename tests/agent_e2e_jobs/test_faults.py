@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from jobs.models import LogChunk, Metric
+from jobs.models import JobEvent, LogChunk, Metric
 from tests.agent_e2e_jobs.conftest import (FlakyPort, counter_errors, counter_lines, job_lines, processes_under,
                                            wait_until)
 from tests.peers.sshd import SSHD, start_sshd
@@ -186,5 +186,32 @@ def test_a_log_batch_the_server_stored_but_never_acknowledged_is_not_stored_twic
         assert_complete_logs(e2e, job, 2500)
         assert "were in flight when the worker stopped; sending them again cut at the same offsets" in second.output()
         assert len(e2e.starts("unacked")) == 1
+    finally:
+        port.close()
+
+
+def test_a_claim_whose_answer_was_lost_is_recovered_by_resume_and_never_sent_again(e2e):
+    """The server hands out a job, but the answer to the claim never arrives (the connection breaks): the
+    worker does not send the claim again, it asks `resume`, which returns the job with its lease."""
+    port = FlakyPort(e2e.live_server.thread.port)
+    try:
+        worker = e2e.start_worker(url=port.url)
+        wait_until(lambda: "worker lab-worker-1 0.1.0 started" in worker.output(), timeout=30, what="the worker")
+        time.sleep(1.0)  # its job claim is waiting in a long-poll now
+        port.swallow_answers = True
+        job = e2e.counter_job("lost-claim", lines=50, pause=0.001)
+        wait_until(lambda: e2e.job(job).status == "claimed", timeout=30, what="the server to hand the job out")
+        port.down()  # the claim's connection breaks without an answer
+        port.swallow_answers = False
+        port.up()
+        e2e.wait_ended(job, timeout=60)
+        job = e2e.assert_ended_once(job, "finished")
+        assert_complete_logs(e2e, job, 50)
+        assert list(JobEvent.objects.filter(job_id=job.pk, kind="claimed").values_list("kind", flat=True)) == \
+            ["claimed"], "claimed once"
+        output = worker.output()
+        assert "asking the server what this worker holds instead of claiming again" in output
+        assert f"job {job.pk} was claimed although the claim's answer was lost; running it" in output
+        assert len(e2e.starts("lost-claim")) == 1
     finally:
         port.close()
