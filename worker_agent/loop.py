@@ -1,12 +1,13 @@
 """The worker's main loop: presence, connection checks, directory reads and jobs.
 
 Jobs have their own threads (`worker_agent.jobs`: the claim loop, one runner and one heartbeat
-thread per job, GPU telemetry). Three more threads here: presence (`worker/hello` at start and every `hello_interval_seconds`, re-scanning
-key candidates each time), checks and reads (each a long-poll claim → handle → complete, so a read
-queued while the worker waits is answered as soon as the server wakes the poll). Network trouble is
-retried with backoff and never stops the worker; 401/403 stop it with a sentence saying which token
-or scope is wrong. SIGTERM stops claiming and exits once the check or read in hand is reported (at most a
-grace period); running jobs are left running on their targets and re-attached on the next start."""
+thread per job, GPU telemetry). Three more threads here: presence (`worker/hello` at start and
+every `hello_interval_seconds`, re-scanning key candidates each time), checks and reads (each a
+long-poll claim → handle → complete, so a read queued while the worker waits is answered as soon as
+the server wakes the poll). Network trouble is retried with backoff and never stops the worker;
+401/403 stop it with a sentence saying which token or scope is wrong. SIGTERM stops claiming and
+exits once the check or read in hand is reported (at most a grace period); running jobs are left
+running on their targets and re-attached on the next start."""
 from __future__ import annotations
 
 import logging

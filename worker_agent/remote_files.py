@@ -27,7 +27,8 @@ job_dir, kind = sys.argv[1], sys.argv[2]
 parts = job_dir.rstrip("/").split("/")
 working_dir = "/".join(parts[:-3]) or "/"
 if parts[-3:-1] != [".mmt", "jobs"] or not os.path.isdir(working_dir):
-    out(ok=False, code="working_dir_missing", error=f"The working directory {working_dir} does not exist on the target.")
+    out(ok=False, code="working_dir_missing",
+        error=f"The working directory {working_dir} does not exist on the target.")
 path = working_dir
 for part in parts[-3:]:
     path = os.path.join(path, part)
@@ -151,7 +152,8 @@ def read(rel, limit):
     with os.fdopen(fd, "rb") as f:
         return base64.b64encode(f.read(limit + 1)).decode()
 
-result = read("result.json", 1024 * 1024) if any(f["path"] == "result.json" and f["kind"] == "file" for f in files) else None
+has_result = any(f["path"] == "result.json" and f["kind"] == "file" for f in files)
+result = read("result.json", 1024 * 1024) if has_result else None
 manifest = None
 if result is not None:
     try:

@@ -125,7 +125,8 @@ class E2E:
         self.workers: list[WorkerProcess] = []
         self.computer = ComputeTarget.objects.create(
             owner=world.global_admin, name=f"sshd-{uuid.uuid4().hex[:6]}", kind="ssh", visibility="public",
-            enabled=True, host=getattr(sshd, "host", "127.0.0.1"), port=sshd.port, ssh_user=sshd.user, ssh_key_path=str(sshd.key_path),
+            enabled=True, host=getattr(sshd, "host", "127.0.0.1"), port=sshd.port, ssh_user=sshd.user,
+            ssh_key_path=str(sshd.key_path),
             known_hosts_path=str(sshd.known_hosts_path), working_dir=str(self.working_dir), python_path=TARGET_PYTHON,
             runtimes=["python", "docker"], gpu_ids=["0", "1"], concurrency=2)
 
@@ -169,7 +170,8 @@ class E2E:
 
     def wait_status(self, job: Job, *statuses, timeout=60.0) -> Job:
         return wait_until(lambda: (j := self.job(job)).status in statuses and j, timeout=timeout,
-                          what=f"job {job.pk} to be {'/'.join(statuses)} (workers said: {self.worker_output()[-3000:]})")
+                          what=f"job {job.pk} to be {'/'.join(statuses)} "
+                               f"(workers said: {self.worker_output()[-3000:]})")
 
     def wait_ended(self, job: Job, timeout=60.0) -> Job:
         return self.wait_status(job, "finished", "failed", "canceled", timeout=timeout)

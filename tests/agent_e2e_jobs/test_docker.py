@@ -40,7 +40,9 @@ echo "parameters: $(tr -d ' \\n' < "$MMT_PARAMETERS_FILE")"
 echo "outputs: $MMT_OUTPUTS_DIR, job token given: ${MMT_API_TOKEN:+yes}"
 echo "from the container" > /mmt/outputs/out.txt
 sum=$(sha256sum /mmt/outputs/out.txt | cut -d' ' -f1)
-printf '{"version": 1, "complete": true, "artifacts": [{"path": "out.txt", "sha256": "%s", "size": 19}], "metrics": [{"name": "container.ok", "value": 1, "step": 0}]}' "$sum" > "$MMT_RESULT_FILE"
+artifacts='[{"path": "out.txt", "sha256": "'$sum'", "size": 19}]'
+metrics='[{"name": "container.ok", "value": 1, "step": 0}]'
+echo '{"version": 1, "complete": true, "artifacts": '"$artifacts"', "metrics": '"$metrics"'}' > "$MMT_RESULT_FILE"
 i=0
 while [ $i -lt 300 ]; do echo "line $i"; i=$((i+1)); done
 '''
@@ -91,7 +93,7 @@ class Dockerd:
 @pytest.fixture(scope="module")
 def dockerd():
     if shutil.which("dockerd") is None or not os.path.exists("/bin/busybox"):
-        pytest.fail("dockerd and busybox are needed: apt-get install docker.io busybox-static (make test installs them)")
+        pytest.fail("dockerd and busybox are needed: apt-get install docker.io busybox-static")
     daemon = Dockerd()
     try:
         daemon.import_busybox(IMAGE)

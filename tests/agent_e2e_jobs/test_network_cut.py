@@ -4,9 +4,7 @@ stalled stream, reconnects once the link is back, and delivers the rest of the l
 Nothing is started twice."""
 from __future__ import annotations
 
-import os
 import random
-import signal
 import subprocess
 import time
 import uuid

@@ -95,7 +95,8 @@ if cmd in ("start", "restart", "stop"):
     sys.exit(0)
 if cmd == "show":
     pid = pid_of(rest[0])
-    print(f"LoadState=loaded\nActiveState={{'active' if pid else 'inactive'}}\nSubState={{'running' if pid else 'dead'}}\nMainPID={{pid or 0}}")
+    active = "active" if pid else "inactive"
+    print(f"LoadState=loaded\nActiveState={{active}}\nSubState={{'running' if pid else 'dead'}}\nMainPID={{pid or 0}}")
     sys.exit(0)
 print(f"fake systemctl: {{cmd}} is not implemented", file=sys.stderr)
 sys.exit(1)
@@ -119,7 +120,7 @@ def build_wheel_of_this_checkout(version: str, where: Path) -> Path:
         if path.name == "__init__.py" and path.parent.name == "worker_agent":
             data = re.sub(rb'__version__ = ".*"', f'__version__ = "{version}"'.encode(), data)
         files[str(path.relative_to(ROOT))] = data
-    metadata = [f"Metadata-Version: 2.1", f"Name: {project['name']}", f"Version: {version}",
+    metadata = ["Metadata-Version: 2.1", f"Name: {project['name']}", f"Version: {version}",
                 f"Requires-Python: {project['requires-python']}"]
     metadata += [f"Requires-Dist: {dep}" for dep in project["dependencies"]]
     for extra, deps in project.get("optional-dependencies", {}).items():
