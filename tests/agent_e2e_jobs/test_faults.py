@@ -13,7 +13,7 @@ import time
 import pytest
 
 from jobs.models import JobEvent, LogChunk, Metric
-from tests.agent_e2e_jobs.conftest import (FlakyPort, counter_errors, counter_lines, job_lines, processes_under,
+from tests.agent_e2e_jobs.conftest import (WORKER, FlakyPort, counter_errors, counter_lines, job_lines, processes_under,
                                            wait_until)
 from tests.peers.sshd import SSHD, start_sshd
 from worker_agent import supervisor
@@ -45,6 +45,14 @@ def test_a_worker_killed_mid_job_is_started_again_and_re_attaches_and_sigterm_le
     e2e.wait_log(job, "line 000400", timeout=60)
     first.kill()
     assert e2e.journal() == [f"{job.pk}.json"]
+    record_file = e2e.state_dir / "jobs" / f"{job.pk}.json"
+    assert (record_file.stat().st_mode & 0o777, (e2e.state_dir / "jobs").stat().st_mode & 0o777) == (0o600, 0o700)
+    record = json.loads(record_file.read_text())
+    assert record["lease_id"] == str(e2e.job(job).lease_id) and record["job_token"].startswith("mmtj_")
+    status = subprocess.run([WORKER, "status", "--worker-id", "lab-worker-1", "--state-dir", str(e2e.state_dir),
+                             "--json"], capture_output=True, text=True, timeout=60)
+    shown = json.loads(status.stdout)["jobs"]
+    assert [j["job_id"] for j in shown] == [job.pk] and record["job_token"] not in status.stdout
     pid = int(e2e.starts("killed")[0])
     time.sleep(0.3)
     assert pid_alive(pid), "the job runs on without its worker"
