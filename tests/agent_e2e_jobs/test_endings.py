@@ -1,6 +1,7 @@
 """How jobs end besides success: exit 0 with a result.json that does not match the outputs (failed,
-end reason invalid_result, the validator's message), a non-zero exit code (failed, exit_code), and a
-command that cannot be started (failed, start_failed). Each ends once, with its GPUs released."""
+end reason invalid_result, the validator's message), a non-zero exit code (failed, exit_code), a
+command that cannot be started (failed, start_failed), and a walltime reached (failed, timed_out).
+Each ends once, with its GPUs released."""
 from __future__ import annotations
 
 from jobs.models import Artifact
@@ -34,7 +35,9 @@ def test_invalid_result_non_zero_exit_and_unstartable_command_each_fail_once_wit
     fails = e2e.create_job(command=["python", str(e2e.script("fails.py", FAILS))], env={**env, "MARK": "fails"},
                            gpu_ids=["1"])
     missing = e2e.create_job(command=["no-such-program-here", "--flag"])
-    for job in (lies, fails, missing):
+    slow = e2e.create_job(command=["python", "-c", "import time; print('sleeping', flush=True); time.sleep(60)"],
+                          walltime_seconds=2)
+    for job in (lies, fails, missing, slow):
         e2e.wait_ended(job, timeout=90)
 
     lies = e2e.assert_ended_once(lies, "failed")
@@ -51,3 +54,8 @@ def test_invalid_result_non_zero_exit_and_unstartable_command_each_fail_once_wit
     assert (missing.status, missing.end_reason, missing.exit_code) == ("failed", "start_failed", None)
     assert "no-such-program-here" in missing.error, missing.error
     assert len(e2e.starts("lies")) == 1 and len(e2e.starts("fails")) == 1
+
+    slow = e2e.assert_ended_once(slow, "failed")
+    assert slow.end_reason == "timed_out" and "walltime of 2 s" in slow.error
+    assert e2e.stream(slow, "stdout") == "sleeping\n"
+    assert "Walltime of 2 s reached: sending SIGTERM" in e2e.stream(slow, "stderr")
