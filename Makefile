@@ -28,6 +28,8 @@ peers:
 	test -x /usr/sbin/munged || missing="$$missing munge"; \
 	test -x /usr/sbin/sge_qmaster || missing="$$missing gridengine-master gridengine-client"; \
 	test -x /usr/sbin/sge_execd || missing="$$missing gridengine-exec"; \
+	command -v dockerd >/dev/null || missing="$$missing docker.io"; \
+	test -x /bin/busybox || missing="$$missing busybox-static"; \
 	if [ -n "$$missing" ]; then \
 	  echo "Installing from Debian:$$missing"; \
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \

@@ -96,5 +96,10 @@ def test_demo_in_dev_mode_adds_an_enabled_local_computer_for_the_local_worker(db
     assert (tmp_path / "local-jobs").is_dir()
     worker_user = ServiceAccount.objects.get(name="local-worker").user
     assert usable_by(worker_user).filter(pk=local.pk).exists(), "the demo worker may run the Local computer's jobs"
+    from jobs.models import Job
+
+    sample = Job.objects.get()
+    assert sample.target == local and sample.status == "queued" and sample.name == "hello-local"
     call_command("demo", stdout=StringIO())
     assert ComputeTarget.objects.filter(name="local").count() == 1
+    assert Job.objects.count() == 1, "the sample job is queued once"

@@ -15,6 +15,14 @@ from mado.choices import Role, Scope, TokenKind
 from mado.models import ApiToken, Project, ServiceAccount
 from mado.tokens import hash_token
 
+SAMPLE_CODE = (
+    "import json, os, pathlib, time\n"
+    "for step in range(3):\n"
+    "    print(f'step {step}: hello from the local computer', flush=True)\n"
+    "    time.sleep(1)\n"
+    "pathlib.Path(os.environ['MMT_RESULT_FILE']).write_text(json.dumps({'version': 2, 'complete': True,\n"
+    "    'metrics': [{'name': 'demo.loss', 'value': 1.0 / (s + 1), 'step': s} for s in range(3)]}))\n"
+)
 WORKER_SCOPES = [Scope.READ.value, Scope.WORKER_EXECUTE.value, Scope.ARTIFACTS_WRITE.value]
 
 
@@ -44,7 +52,8 @@ class Command(BaseCommand):
                     services.Actor(user=admin), project, name="local-worker", role=Role.ADMIN,
                     description="The worker that `make run` starts for the Local computer.")
             if settings.DEV_MODE:
-                self._local_computer(admin, var)
+                local = self._local_computer(admin, var)
+                self._sample_job(admin, project, local)
             token_file = var / "worker-token"
             if not self._token_still_works(token_file):
                 _, plaintext = services.issue_token(
@@ -74,16 +83,31 @@ class Command(BaseCommand):
         from computers.models import ComputeTarget
         from computers.services import register_computer
 
-        if ComputeTarget.objects.filter(name="local").exists():
-            return
+        existing = ComputeTarget.objects.filter(name="local").first()
+        if existing is not None:
+            return existing
         workdir = var / "local-jobs"
         workdir.mkdir(parents=True, exist_ok=True)
-        register_computer(services.Actor(user=admin), {
+        local = register_computer(services.Actor(user=admin), {
             "name": "local", "kind": "local", "visibility": "private", "enabled": True,
             "working_dir": str(workdir), "python_path": shutil.which("python3") or sys.executable,
             "runtimes": ["python"], "concurrency": 2,
         })
         self.stdout.write("Created the Local computer 'local' (development mode).")
+        return local
+
+    def _sample_job(self, admin, project, local) -> None:
+        """One job for the local worker to run at once, so the Jobs page shows a whole run."""
+        from jobs.models import Job
+        from jobs.services import create_job
+
+        if Job.objects.filter(project=project).exists():
+            return
+        job = create_job(services.Actor(user=admin), project, {
+            "computer": local.pk, "runtime": "python", "name": "hello-local",
+            "command": ["python", "-c", SAMPLE_CODE],
+        })
+        self.stdout.write(f"Queued the sample job {job.pk} on 'local': see {settings.PUBLIC_URL}/projects/demo/jobs/")
 
     @staticmethod
     def _token_still_works(token_file: Path) -> bool:
