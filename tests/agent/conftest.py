@@ -9,15 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.peers.sshd import Sshd, start_sshd
+from tests.peers.sshd import Sshd, sshd, start_sshd  # noqa: F401  (sshd: the shared fixture)
 from worker_agent.ssh import ConnectionPool
-
-
-@pytest.fixture(scope="session")
-def sshd() -> Sshd:
-    server = start_sshd()
-    yield server
-    server.stop()
 
 
 @pytest.fixture

@@ -25,7 +25,7 @@ from computers.models import ComputeTarget
 from jobs import services as job_services
 from jobs.models import GpuReservation, Job, JobEvent, LogChunk
 from mado.services import Actor
-from tests.peers.sshd import Sshd, start_sshd
+from tests.peers.sshd import Sshd, sshd, start_sshd  # noqa: F401  (sshd: the shared fixture)
 
 WORKER = str(Path(sys.executable).with_name("mado-tracking-worker"))
 CLAIM_WAIT = 2
@@ -225,11 +225,6 @@ class E2E:
         shutil.rmtree(self.working_dir, ignore_errors=True)
 
 
-@pytest.fixture(scope="session")
-def sshd() -> Sshd:
-    server = start_sshd()
-    yield server
-    server.stop()
 
 
 @pytest.fixture

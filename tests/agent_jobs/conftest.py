@@ -17,22 +17,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.peers.sshd import Sshd, start_sshd
+from tests.peers.sshd import Sshd, sshd, start_sshd  # noqa: F401  (sshd: the shared fixture)
+from tests.support import wait_for  # noqa: F401  (re-exported to the tests here)
 from worker_agent import supervisor
 
 SUPERVISOR = Path(supervisor.__file__)
 PYTHON = "/usr/bin/python3"
 
 
-def wait_for(predicate, timeout: float = 15.0, interval: float = 0.05, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(interval)
 
 
 class Local:
@@ -360,11 +352,6 @@ def _names_flag(line: str, flag: str) -> bool:
     return flag in words
 
 
-@pytest.fixture(scope="session")
-def sshd() -> Sshd:
-    server = start_sshd()
-    yield server
-    server.stop()
 
 
 @pytest.fixture

@@ -16,6 +16,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
+
 SSHD = "/usr/sbin/sshd"
 LOGIN_USER = "mmt"
 
@@ -126,3 +128,11 @@ def start_sshd() -> Sshd:
     os.chmod(known_hosts, 0o644)
     return Sshd(port=port, user=user.pw_name, home=Path(user.pw_dir), server_dir=server_dir, client_dir=client_dir,
                 key_path=client_dir / "id_ed25519", known_hosts_path=known_hosts, process=process)
+
+
+@pytest.fixture(scope="session")
+def sshd() -> Sshd:
+    """A real sshd for the tests of one directory; its conftest imports this fixture."""
+    server = start_sshd()
+    yield server
+    server.stop()

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sites import shells
+from tests.support import wait_for  # noqa: F401
 
 # The payload the batch job starts instead of the Mado runner: it records what the job shell handed
 # it, then waits until the test writes <spec dir>/release (60 s at most); SIGTERM is recorded.
@@ -117,15 +118,6 @@ def ran(spec: Path, timeout: float = 20) -> dict:
     return dict(line.split("=", 1) for line in (spec / "ran").read_text().splitlines())
 
 
-def wait_for(predicate, timeout: float = 20, interval: float = 0.1, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(interval)
 
 
 def shellcheck(path: Path) -> subprocess.CompletedProcess:
