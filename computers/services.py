@@ -274,7 +274,7 @@ def request_check(actor: Actor, target: ComputeTarget, worker=None) -> Connectio
     if worker is not None and actor.user is not None and not access.can_choose_worker(actor.user):
         raise Forbidden("Only global administrators can choose the worker for a check.", "global_admin_required")
     expire_stale(force=True)
-    named = worker if worker is not None else target.last_check_worker
+    named = worker if worker is not None else _current(target.last_check_worker)
     try:
         with transaction.atomic():
             check = ConnectionCheck.objects.create(target=target, requested_by=actor.user, requested_worker=named)
@@ -287,6 +287,16 @@ def request_check(actor: Actor, target: ComputeTarget, worker=None) -> Connectio
                        "target_check_in_progress") from None
     notify(CHECKS_CHANNEL)
     return check
+
+
+def _current(worker):
+    """The worker of the last check as it runs now: reinstalled with a new token, the same worker id
+    has a new presence row, and the old one stays offline."""
+    if worker is None or worker.is_online:
+        return worker
+    from workers.models import Worker
+
+    return Worker.objects.online().filter(worker_id=worker.worker_id).order_by("-last_seen_at").first() or worker
 
 
 def expire_stale(*, force: bool = False) -> None:

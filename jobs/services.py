@@ -234,8 +234,9 @@ def _recover_unacknowledged(worker: Worker, active_job_ids: list[int]):
     lost = Job.objects.filter(worker=worker, status=JobStatus.CLAIMED).exclude(pk__in=active_job_ids).first()
     if lost is None:
         return None
-    # The answer to the first claim was lost, so the worker never saw the token: give it one more,
-    # under the same lease. Nothing was started, so nothing uses the first one.
+    # The answer to the first claim was lost, so the worker never saw the token: end it and give a
+    # new one under the same lease. Nothing was started, so nothing uses the first one.
+    identity_services.revoke_job_tokens(lost.pk)
     _, plaintext = identity_services.issue_job_token(job_id=lost.pk, lease_id=lost.lease_id, project=lost.project,
                                                      user=lost.created_by)
     return lost, plaintext

@@ -131,6 +131,24 @@ class TestChecks:
         assert admin.get(f"{url}/{check['id']}").json()["failure_reason"] == "no_result"
         assert_error(worker.complete_check(item), 409, "check_expired")
 
+    def test_details_check_follows_a_reinstalled_worker_with_the_same_id(self, world, computers, worker):
+        from datetime import timedelta
+
+        from django.utils import timezone
+
+        from workers.models import Worker
+
+        admin = session(world.global_admin)
+        url = f"/api/computers/{computers.admins_public.pk}/checks"
+        admin.post(url, {"worker_id": "lab-worker-1"}, format="json")
+        worker.complete_check(worker.claim_check())
+        Worker.objects.update(last_seen_at=timezone.now() - timedelta(minutes=5))
+        reinstalled = ScriptedWorker(world.token(world.service_account.user, ["read", "worker:execute"],
+                                                 kind="service"), "lab-worker-1")
+        reinstalled.hello()
+        again = admin.post(url, {}, format="json").json()
+        assert reinstalled.claim_check()["id"] == again["id"]
+
     def test_details_check_asks_the_worker_of_the_last_check_again(self, world, computers, worker):
         admin = session(world.global_admin)
         url = f"/api/computers/{computers.admins_public.pk}/checks"

@@ -114,6 +114,7 @@ class TestClaim:
         replay = job_worker.claim(active=[])
         assert replay["id"] == first["id"] and replay["lease_id"] == first["lease_id"]
         assert bearer(replay["job_token"]).get("/api/auth/token").json()["kind"] == "job"
+        assert_error(bearer(first["job_token"]).get("/api/auth/token"), 401), "the lost answer's token is ended"
         assert Job.objects.filter(status="claimed").count() == 1
 
     def test_active_job_ids_of_another_worker_are_refused(self, world, gpu_box, job_worker):
