@@ -10,7 +10,7 @@ from computers.models import ComputeTarget
 from mado import services
 from mado.choices import Role
 from tests.computer_fixtures import ScriptedWorker
-from tests.conftest import assert_error, bearer
+from tests.conftest import assert_error
 from tests.job_fixtures import JobWorker, gpu_computer, job_request
 
 

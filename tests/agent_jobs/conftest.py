@@ -11,7 +11,6 @@ import json
 import os
 import signal
 import subprocess
-import time
 import uuid
 from pathlib import Path
 
