@@ -13,6 +13,11 @@ class JobTokenForbidden(exceptions.PermissionDenied):
     default_code = "job_token_forbidden"
 
 
+class LauncherTokenForbidden(exceptions.PermissionDenied):
+    default_detail = "A launcher token reaches only the launcher endpoints (/api/launcher/...)."
+    default_code = "launcher_token_forbidden"
+
+
 class MissingScope(exceptions.PermissionDenied):
     default_code = "missing_scope"
 
@@ -30,6 +35,9 @@ def required_scope(view, method: str) -> str | None:
 
 class ScopePermission(BasePermission):
     def has_permission(self, request, view):
+        principal = request.auth
+        if getattr(principal, "kind", None) == "launcher" and not getattr(view, "allow_launcher_token", False):
+            raise LauncherTokenForbidden()
         if getattr(view, "public", False):
             return True
         if not request.user or not request.user.is_authenticated:

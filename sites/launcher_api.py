@@ -1,0 +1,107 @@
+"""The launcher API (DESIGN §8): global administrators register launchers, recreate their tokens and
+revoke them; a launcher, with its `launcher:execute` token, reads its config. Launcher tokens reach
+only the views here that set `allow_launcher_token` (mado.permissions refuses them everywhere else)."""
+from __future__ import annotations
+
+from django.shortcuts import get_object_or_404
+from drf_spectacular.utils import OpenApiTypes, extend_schema
+from rest_framework import exceptions
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from mado.api.views import json_object
+from mado.choices import Scope
+from mado.errors import ServiceError
+from mado.models import Project
+from mado.services import Actor
+from sites import launchers
+from sites.models import Launcher
+
+
+def launcher_body(launcher: Launcher) -> dict:
+    project = launchers.project_of(launcher)
+    token = launcher.token
+    return {
+        "id": launcher.pk, "name": launcher.name, "project": project.slug if project else None,
+        "state": launchers.state_of(launcher),
+        "created_by": launcher.created_by.username if launcher.created_by else None,
+        "created_at": launcher.created_at, "last_used_at": launchers.last_used(launcher),
+        "revoked_at": launcher.revoked_at, "hostname": launcher.hostname, "version": launcher.version,
+        "token_prefix": token.prefix if token else None,
+        "sites": list(launcher.sites.values_list("target_id", flat=True).order_by("target_id")),
+    }
+
+
+def _with_token(launcher: Launcher, plaintext: str, status: int = 200) -> Response:
+    launcher = Launcher.objects.select_related("token__project", "created_by").get(pk=launcher.pk)
+    response = Response({**launcher_body(launcher), "token": plaintext}, status=status)
+    response["Cache-Control"] = "no-store"
+    return response
+
+
+class GlobalAdminView(APIView):
+    """Launcher management: global administrators only (a session, or a token with `admin`)."""
+
+    required_scopes = {"GET": Scope.READ, "POST": Scope.ADMIN}
+
+    def initial(self, request, *args, **kwargs):
+        super().initial(request, *args, **kwargs)
+        launchers.require_global_admin(Actor.from_request(request))
+
+    def launcher(self, pk) -> Launcher:
+        return get_object_or_404(Launcher.objects.select_related("token__project", "created_by"), pk=pk)
+
+
+class LauncherListView(GlobalAdminView):
+    @extend_schema(operation_id="launchers_list", responses=OpenApiTypes.OBJECT)
+    def get(self, request):
+        items = Launcher.objects.select_related("token__project", "created_by")
+        return Response({"items": [launcher_body(launcher) for launcher in items], "next": None})
+
+    @extend_schema(request=OpenApiTypes.OBJECT, responses={201: OpenApiTypes.OBJECT})
+    def post(self, request):
+        data = json_object(request)
+        slug = data.get("project")
+        project = Project.objects.filter(slug=slug).first() if isinstance(slug, str) else None
+        if project is None:
+            raise ServiceError("Give the identifier of an existing project for the launcher's token.",
+                               "invalid_project", fields={"project": ["Unknown project."]})
+        launcher, plaintext = launchers.register_launcher(Actor.from_request(request), data.get("name"), project)
+        return _with_token(launcher, plaintext, status=201)
+
+
+class LauncherTokenView(GlobalAdminView):
+    @extend_schema(request=None, responses=OpenApiTypes.OBJECT)
+    def post(self, request, pk):
+        launcher, plaintext = launchers.recreate_token(Actor.from_request(request), self.launcher(pk))
+        return _with_token(launcher, plaintext)
+
+
+class LauncherRevokeView(GlobalAdminView):
+    @extend_schema(request=None, responses=OpenApiTypes.OBJECT)
+    def post(self, request, pk):
+        launcher = launchers.revoke(Actor.from_request(request), self.launcher(pk))
+        launcher = Launcher.objects.select_related("token__project", "created_by").get(pk=launcher.pk)
+        return Response(launcher_body(launcher))
+
+
+class LauncherConfigView(APIView):
+    """What a launcher polls. Only a launcher token: people and other tokens are 403."""
+
+    allow_launcher_token = True
+    required_scopes = {"GET": Scope.LAUNCHER_EXECUTE}
+
+    def initial(self, request, *args, **kwargs):
+        super().initial(request, *args, **kwargs)
+        if getattr(request.auth, "kind", None) != "launcher":
+            raise exceptions.PermissionDenied("This endpoint takes a launcher token (scope launcher:execute).",
+                                              code="launcher_token_required")
+
+    @extend_schema(operation_id="launcher_config", responses=OpenApiTypes.OBJECT)
+    def get(self, request):
+        launcher = launchers.launcher_for_token(request.auth.token)
+        if launcher is None:
+            raise exceptions.PermissionDenied("This token belongs to no active launcher; recreate its token.",
+                                              code="launcher_revoked")
+        return Response(launchers.config(launcher, hostname=request.headers.get("X-Launcher-Hostname", ""),
+                                         version=request.headers.get("X-Launcher-Version", "")))

@@ -1,0 +1,180 @@
+"""Launchers (DESIGN §8): a global administrator registers a `mado-tracking-launcher`, gets its token
+once, can recreate that token (the old one stops at once) or revoke the launcher. Each launcher's
+token is held by its own service-like user (no password, no membership, never signs in) and carries
+only `launcher:execute`, which mado.permissions lets reach the launcher endpoints and nothing else.
+Each change runs in one transaction and writes an AuditEvent."""
+from __future__ import annotations
+
+import uuid
+
+from django.contrib.auth.models import User
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from mado import access
+from mado.choices import Scope, TokenKind
+from mado.errors import Conflict, Forbidden, ServiceError
+from mado.models import ApiToken, Project
+from mado.services import Actor, audit, issue_token
+from mado.validation import NAME_PATTERN
+from sites.choices import AccountKind, SubmissionMethod
+from sites.models import Launcher, SiteSettings, SiteUserSettings
+
+LAUNCHER_SCOPES = [Scope.LAUNCHER_EXECUTE.value]
+POLL_INTERVAL_SECONDS = 10
+HOLDER_PREFIX = "launcher-"
+
+
+def require_global_admin(actor: Actor) -> None:
+    user = actor.user
+    if user is None:  # operator commands act as the system
+        return
+    if not user.is_superuser or access.is_job_principal(user) or access.is_service_user(user):
+        raise Forbidden("Only global administrators manage launchers.", "global_admin_required")
+
+
+def project_of(launcher: Launcher) -> Project | None:
+    """The project the launcher's token belongs to (the launcher model keeps it on its token)."""
+    return launcher.token.project if launcher.token_id else None
+
+
+def state_of(launcher: Launcher) -> str:
+    if launcher.is_revoked:
+        return "revoked"
+    token = launcher.token
+    if token is None or token.revoked_at is not None:
+        return "no_token"
+    if token.expires_at <= timezone.now():
+        return "expired"
+    return "active"
+
+
+def last_used(launcher: Launcher):
+    token_used = launcher.token.last_used_at if launcher.token_id else None
+    seen = [t for t in (launcher.last_seen_at, token_used) if t is not None]
+    return max(seen) if seen else None
+
+
+def register_launcher(actor: Actor, name: str, project: Project) -> tuple[Launcher, str]:
+    """Create the launcher, its holder and its token; the plaintext token is returned once."""
+    require_global_admin(actor)
+    name = (name or "").strip() if isinstance(name, str) else ""
+    if not NAME_PATTERN.match(name):
+        raise ServiceError("Use 1–64 letters, digits, '.', '_' or '-' for the name, starting with a letter or digit.",
+                           "invalid_name", fields={"name": ["Invalid name."]})
+    if not isinstance(project, Project):
+        raise ServiceError("Choose the project the launcher's token belongs to.", "invalid_project",
+                           fields={"project": ["Unknown project."]})
+    taken = Conflict(f"A launcher named {name} already exists; choose another name.", "launcher_name_taken",
+                     fields={"name": ["Already taken."]})
+    if Launcher.objects.filter(name__iexact=name).exists():
+        raise taken
+    try:
+        with transaction.atomic():
+            holder = User(username=f"{HOLDER_PREFIX}{uuid.uuid4().hex[:24]}", first_name=name[:150])
+            holder.set_unusable_password()
+            holder.save()
+            launcher = Launcher.objects.create(name=name, created_by=actor.user)
+            token, plaintext = _issue(actor, launcher, holder, project)
+            audit(actor, "launcher.create", launcher, project=project,
+                  after={"name": name, "project": project.slug, "token_prefix": token.prefix})
+    except IntegrityError:
+        raise taken from None  # registered by someone else at the same moment
+    return launcher, plaintext
+
+
+def recreate_token(actor: Actor, launcher: Launcher) -> tuple[Launcher, str]:
+    """Revoke the launcher's token and issue a new one for the same holder and project (shown once)."""
+    require_global_admin(actor)
+    with transaction.atomic():
+        launcher = Launcher.objects.select_for_update().get(pk=launcher.pk)
+        if launcher.is_revoked:
+            raise Conflict(f"The launcher {launcher.name} was revoked; register a new one instead.",
+                           "launcher_revoked")
+        old = launcher.token
+        if old is None:
+            raise Conflict(f"The launcher {launcher.name} has no token to recreate; register a new one instead.",
+                           "launcher_without_token")
+        _revoke_token(actor, old)
+        token, plaintext = _issue(actor, launcher, old.user, old.project)
+        audit(actor, "launcher.token.recreate", launcher, project=old.project,
+              before={"token_prefix": old.prefix}, after={"token_prefix": token.prefix})
+    return launcher, plaintext
+
+
+def revoke(actor: Actor, launcher: Launcher) -> Launcher:
+    """Revoke the launcher and its token. Sites keep pointing at it until their owners choose another."""
+    require_global_admin(actor)
+    with transaction.atomic():
+        launcher = Launcher.objects.select_for_update().get(pk=launcher.pk)
+        if launcher.is_revoked:
+            return launcher
+        if launcher.token is not None:
+            _revoke_token(actor, launcher.token)
+        launcher.revoked_at = timezone.now()
+        launcher.save(update_fields=["revoked_at"])
+        audit(actor, "launcher.revoke", launcher, project=project_of(launcher),
+              before={"state": "active"}, after={"state": "revoked"})
+    return launcher
+
+
+def launcher_for_token(token: ApiToken) -> Launcher | None:
+    return Launcher.objects.filter(token=token, revoked_at__isnull=True).first()
+
+
+def config(launcher: Launcher, *, hostname: str = "", version: str = "") -> dict:
+    """What the launcher polls: the automatic sites it serves with everything it needs to log in, and
+    for personal-account sites the people who saved their account (one key each). Records that it was seen."""
+    updates = {"last_seen_at": timezone.now()}
+    if hostname:
+        updates["hostname"] = hostname[:255]
+    if version:
+        updates["version"] = version[:64]
+    Launcher.objects.filter(pk=launcher.pk).update(**updates)
+    sites = (SiteSettings.objects.filter(launcher=launcher, submission=SubmissionMethod.AUTOMATIC)
+             .select_related("target").order_by("target_id"))
+    return {
+        "launcher": {"id": launcher.pk, "name": launcher.name},
+        "poll_interval_seconds": POLL_INTERVAL_SECONDS,
+        "sites": [_site_config(site) for site in sites],
+    }
+
+
+def _site_config(site: SiteSettings) -> dict:
+    from sites.services import current_job_shell
+
+    target = site.target
+    shell = current_job_shell(target)
+    body = {
+        "computer": target.pk, "name": target.name, "enabled": target.enabled,
+        "account": site.account, "host": site.host, "port": site.port, "ssh_user": site.ssh_user,
+        "jump_hosts": site.jump_hosts, "known_hosts": site.known_hosts, "working_dir": site.working_dir,
+        "runner_python": site.runner_python, "runner_api_url": site.runner_api_url, "variables": site.variables,
+        "max_active_submissions": site.max_active_submissions, "queue_timeout_seconds": site.queue_timeout_seconds,
+        "job_shell": {"version": shell.version, "sha256": shell.sha256} if shell else None,
+    }
+    if site.account == AccountKind.PERSONAL:
+        accounts = SiteUserSettings.objects.filter(target=target).select_related("user").order_by("user_id")
+        body["accounts"] = [{"user": s.user_id, "username": s.user.username, "account_name": s.account_name,
+                             "working_dir": s.working_dir or site.working_dir} for s in accounts]
+    return body
+
+
+# helpers ----------------------------------------------------------------------------------------
+
+def _issue(actor: Actor, launcher: Launcher, holder: User, project: Project):
+    token, plaintext = issue_token(actor, user=holder, project=project, scopes=LAUNCHER_SCOPES,
+                                   kind=TokenKind.LAUNCHER, name=f"launcher {launcher.name}")
+    launcher.token = token
+    launcher.save(update_fields=["token"])
+    return token, plaintext
+
+
+def _revoke_token(actor: Actor, token: ApiToken) -> None:
+    token = ApiToken.objects.select_for_update().get(pk=token.pk)
+    if token.revoked_at is None:
+        token.revoked_at = timezone.now()
+        token.revoked_by = actor.user
+        token.save(update_fields=["revoked_at", "revoked_by"])
+        audit(actor, "token.revoke", token, project=token.project,
+              before={"state": "active"}, after={"state": "revoked", "prefix": token.prefix})
