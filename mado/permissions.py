@@ -44,7 +44,6 @@ class ScopePermission(BasePermission):
             raise exceptions.NotAuthenticated(
                 "Sign in, or send an API token as 'Authorization: Bearer <token>'."
             )
-        principal = request.auth
         if principal is None:  # browser session: the user's role decides, in the view
             return True
         if principal.is_job and request.method not in SAFE_METHODS and not getattr(view, "allow_job_token", False):
