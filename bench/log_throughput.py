@@ -29,24 +29,6 @@ os.environ["MADO_DATABASE_URL"] = f"postgres://postgres@127.0.0.1:5432/{DB}"
 os.environ.setdefault("MADO_VAR_DIR", f"/tmp/mado-bench-{uuid.uuid4().hex[:6]}")
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "mado.settings")
 
-SCRIPT = '''\
-import sys
-size = int(sys.argv[1])
-pad = "x" * 88
-out = sys.stdout.buffer
-written = i = 0
-block = []
-while written < size:
-    line = f"{i:010d} {pad}\\n".encode()
-    block.append(line)
-    written += len(line)
-    i += 1
-    if len(block) == 1000:
-        out.write(b"".join(block))
-        block = []
-out.write(b"".join(block))
-out.flush()
-'''
 
 
 def main() -> None:
@@ -98,7 +80,9 @@ def run(mb: int) -> None:
     user_dir.mkdir()
     os.chown(user_dir, sshd.home.stat().st_uid, sshd.home.stat().st_gid)
     script = user_dir / "volume.py"
-    script.write_text(SCRIPT)
+    from tests.support import NUMBERED_LINES
+
+    script.write_text(NUMBERED_LINES)
     os.chown(script, sshd.home.stat().st_uid, sshd.home.stat().st_gid)
     computer = ComputeTarget.objects.create(
         owner=world.global_admin, name="bench-sshd", kind="ssh", visibility="public", enabled=True,

@@ -159,6 +159,19 @@ def _audit_changes(actor: Actor, target: ComputeTarget, before: dict, changed: d
               after={k: _jsonable(v) for k, v in rest.items()})
 
 
+def clean_name_and_visibility(data: dict, errors: dict, *, current: ComputeTarget | None) -> dict:
+    """The fields every kind of computer shares (SSH, Local and sites): a unique name, a visibility."""
+    name = str(data.get("name") or "").strip()
+    if not NAME_PATTERN.match(name):
+        errors["name"] = ["Use 1–64 letters, digits, '.', '_' or '-', starting with a letter or digit."]
+    elif ComputeTarget.objects.filter(name__iexact=name).exclude(pk=current.pk if current else None).exists():
+        errors["name"] = [f"A computer named {name} already exists; choose another name."]
+    visibility = data.get("visibility") or Visibility.PRIVATE
+    if visibility not in Visibility.values:
+        errors["visibility"] = ["Visibility must be public or private."]
+    return {"name": name, "visibility": visibility}
+
+
 def _clean(data: dict, *, target: ComputeTarget | None) -> dict:
     """Validate the editable fields; every problem is collected so the form shows all of them."""
     errors: dict[str, list[str]] = {}
@@ -170,16 +183,7 @@ def _clean(data: dict, *, target: ComputeTarget | None) -> dict:
         errors["kind"] = ["Local computers exist only in development mode (MADO_DEV_MODE=true)."]
     out["kind"] = kind
 
-    name = str(data.get("name") or "").strip()
-    if not NAME_PATTERN.match(name):
-        errors["name"] = ["Use 1–64 letters, digits, '.', '_' or '-', starting with a letter or digit."]
-    elif ComputeTarget.objects.filter(name__iexact=name).exclude(pk=target.pk if target else None).exists():
-        errors["name"] = [f"A computer named {name} already exists; choose another name."]
-    out["name"] = name
-
-    out["visibility"] = data.get("visibility") or Visibility.PRIVATE
-    if out["visibility"] not in Visibility.values:
-        errors["visibility"] = ["Visibility must be public or private."]
+    out.update(clean_name_and_visibility(data, errors, current=target))
 
     if kind == Kind.SSH:
         out["host"] = str(data.get("host") or "").strip()

@@ -10,8 +10,9 @@ from urllib.parse import urlsplit
 from django.db import IntegrityError, transaction
 
 from computers import access
-from computers.choices import CpuArch, Kind, Runtime, Visibility
+from computers.choices import CpuArch, Kind, Runtime
 from computers.models import ComputeTarget
+from computers.services import clean_name_and_visibility
 from mado import access as identity
 from mado.errors import Conflict, Forbidden, ServiceError
 from mado.services import Actor, audit
@@ -32,7 +33,6 @@ from sites.choices import (
 )
 from sites.models import JobShell, Launcher, SiteSettings, SiteUserSettings
 
-NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 HOST_PATTERN = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-9])?$|^[0-9A-Fa-f:]{2,39}$")
 ACCOUNT_PATTERN = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$")
 JUMP_HOST_PATTERN = re.compile(r"^(?:(?P<user>[A-Za-z0-9_][A-Za-z0-9_.-]{0,63})@)?(?P<host>[A-Za-z0-9.-]{1,253}|\[[0-9A-Fa-f:]{2,39}\])"
@@ -340,15 +340,7 @@ def _clean(data: dict, errors: dict, *, current: ComputeTarget | None) -> tuple[
     target: dict = {}
     site: dict = {}
 
-    name = str(data.get("name") or "").strip()
-    if not NAME_PATTERN.fullmatch(name):
-        errors["name"] = ["Use 1–64 letters, digits, '.', '_' or '-', starting with a letter or digit."]
-    elif ComputeTarget.objects.filter(name__iexact=name).exclude(pk=current.pk if current else None).exists():
-        errors["name"] = [f"A computer named {name} already exists; choose another name."]
-    target["name"] = name
-    target["visibility"] = data.get("visibility") or Visibility.PRIVATE
-    if target["visibility"] not in Visibility.values:
-        errors["visibility"] = ["Visibility must be public or private."]
+    target.update(clean_name_and_visibility(data, errors, current=current))
     enabled = data.get("enabled", True)
     if not isinstance(enabled, bool):
         errors["enabled"] = ["Enabled must be true or false."]

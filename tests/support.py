@@ -14,3 +14,25 @@ def wait_for(predicate, timeout: float = 15.0, interval: float = 0.05, what: str
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout} s waiting for {what}")
         time.sleep(interval)
+
+
+# A program that prints numbered lines of 100 bytes until `size` bytes (argv[1]): used by the log
+# volume test and bench/log_throughput.py to check that every line arrives once and in order.
+NUMBERED_LINES = '''\
+import sys
+size = int(sys.argv[1])
+pad = "x" * 88
+out = sys.stdout.buffer
+written = i = 0
+block = []
+while written < size:
+    line = f"{i:010d} {pad}\\n".encode()
+    block.append(line)
+    written += len(line)
+    i += 1
+    if len(block) == 1000:
+        out.write(b"".join(block))
+        block = []
+out.write(b"".join(block))
+out.flush()
+'''

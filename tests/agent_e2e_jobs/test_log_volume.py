@@ -4,27 +4,14 @@ bench/log_throughput.py."""
 from __future__ import annotations
 
 from jobs.models import LogChunk
+from tests.support import NUMBERED_LINES
 
-SCRIPT = '''\
-import os, sys
+# The job records its pid (to prove it started once), then prints the numbered lines.
+SCRIPT = ('''\
+import os
 with open(os.path.join(os.environ["MARKS"], os.environ["MARK"]), "a") as f:
     f.write(f"{os.getpid()}\\n")
-size = int(sys.argv[1])
-pad = "x" * 88
-out = sys.stdout.buffer
-written = i = 0
-block = []
-while written < size:
-    line = f"{i:010d} {pad}\\n".encode()
-    block.append(line)
-    written += len(line)
-    i += 1
-    if len(block) == 1000:
-        out.write(b"".join(block))
-        block = []
-out.write(b"".join(block))
-out.flush()
-'''
+''' + NUMBERED_LINES)
 MB = 20
 
 
