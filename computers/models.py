@@ -80,6 +80,13 @@ class ConnectionCheck(models.Model):
                                    related_name="claimed_checks")
     failure_reason = models.CharField(max_length=32, blank=True)
     result = models.JSONField(null=True, blank=True)
+    # Site checks, answered by the site's launcher: which launcher, and whose account it logs in
+    # as (site_user empty: the shared account).
+    launcher = models.ForeignKey("sites.Launcher", on_delete=models.CASCADE, null=True, blank=True,
+                                 related_name="checks")
+    site_user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, null=True, blank=True,
+                                  related_name="+")
+    account_name = models.CharField(max_length=64, blank=True)
     created_at = models.DateTimeField(default=timezone.now)
     claimed_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
@@ -88,8 +95,13 @@ class ConnectionCheck(models.Model):
         ordering = ["-created_at", "-id"]
         constraints = [
             # One open check per computer: two admins pressing Check at once get a 409, not two checks.
-            models.UniqueConstraint(fields=["target"], condition=Q(status__in=OPEN_CHECK_STATUSES),
+            models.UniqueConstraint(fields=["target"],
+                                    condition=Q(status__in=OPEN_CHECK_STATUSES, site_user__isnull=True),
                                     name="one_open_check_per_target"),
+            # On a site under each person's own account, each person checks their own login.
+            models.UniqueConstraint(fields=["target", "site_user"],
+                                    condition=Q(status__in=OPEN_CHECK_STATUSES, site_user__isnull=False),
+                                    name="one_open_check_per_site_user"),
         ]
 
     def __str__(self) -> str:

@@ -9,15 +9,23 @@ class JobStatus(models.TextChoices):
     QUEUED = "queued", _("Queued")
     CLAIMED = "claimed", _("Claimed")
     RUNNING = "running", _("Running")
+    # Site computers (docs/sites-protocol.md): the phases between the queue and the run.
+    WAITING_MANUAL = "waiting_manual", _("Waiting for manual submission")
+    SUBMITTING = "submitting", _("Submitting")
+    SUBMITTED = "submitted", _("Submitted")
+    WAITING_RESOURCES = "waiting_resources", _("Waiting for resources")
     FINISHED = "finished", _("Finished")
     # Its own context: "Failed" of a check item is "NG" in Japanese, a failed Job is not.
     FAILED = "failed", pgettext_lazy("job status", "Failed")
     CANCELED = "canceled", _("Canceled")
 
 
-ACTIVE_STATUSES = (JobStatus.QUEUED, JobStatus.CLAIMED, JobStatus.RUNNING)
+ACTIVE_STATUSES = (JobStatus.QUEUED, JobStatus.CLAIMED, JobStatus.RUNNING, JobStatus.WAITING_MANUAL,
+                   JobStatus.SUBMITTING, JobStatus.SUBMITTED, JobStatus.WAITING_RESOURCES)
 HELD_STATUSES = (JobStatus.CLAIMED, JobStatus.RUNNING)
 TERMINAL_STATUSES = (JobStatus.FINISHED, JobStatus.FAILED, JobStatus.CANCELED)
+# What counts against a site's max active submissions: handed to its scheduler and not ended.
+SITE_ACTIVE_STATUSES = (JobStatus.SUBMITTING, JobStatus.SUBMITTED, JobStatus.WAITING_RESOURCES, JobStatus.RUNNING)
 
 
 class EndReason(models.TextChoices):

@@ -32,7 +32,7 @@ class Job(models.Model):
     cluster_size = models.PositiveIntegerField(default=1)
     cluster_mode = models.CharField(max_length=16, choices=ClusterMode.choices, default=ClusterMode.SINGLE_NODE)
 
-    status = models.CharField(max_length=16, choices=JobStatus.choices, default=JobStatus.QUEUED, db_index=True)
+    status = models.CharField(max_length=20, choices=JobStatus.choices, default=JobStatus.QUEUED, db_index=True)
     end_reason = models.CharField(max_length=16, choices=EndReason.choices, blank=True)
     exit_code = models.IntegerField(null=True, blank=True)
     error = models.CharField(max_length=1000, blank=True)

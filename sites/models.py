@@ -179,6 +179,12 @@ class LauncherKey(models.Model):
         return f"{self.fingerprint} ({self.target_id}, {self.user or 'shared'})"
 
 
+class CancelState(models.TextChoices):
+    QUEUED = "queued", _("Cancellation queued")
+    DONE = "done", _("Canceled in the scheduler")
+    FAILED = "failed", _("Cancellation failed")
+
+
 class Submission(models.Model):
     """A Job handed to a site's scheduler by a launcher or by `mado-tracking submit`. Jobs submitted
     together as one array share `batch`; each keeps the job shell version it ran."""
@@ -193,15 +199,28 @@ class Submission(models.Model):
     batch = models.UUIDField(db_index=True)
     array_index = models.PositiveIntegerField(default=0)
     status = models.CharField(max_length=16, choices=SubmissionStatus.choices, default=SubmissionStatus.CLAIMED)
+    account_name = models.CharField(max_length=64, blank=True,
+                                    help_text=_("The site account it was submitted under (blank: manual)."))
+    work_dir = models.CharField(max_length=1024, blank=True)
     scheduler_job_id = models.CharField(max_length=200, blank=True)
     error = models.CharField(max_length=1000, blank=True)
     lease_id = models.UUIDField(null=True, blank=True)
     claimed_at = models.DateTimeField(default=timezone.now)
     reported_at = models.DateTimeField(null=True, blank=True)
+    # The one runner allowed to report for the Job: the first to start; any other gets 409.
+    runner_id = models.UUIDField(null=True, blank=True)
+    runner_hostname = models.CharField(max_length=255, blank=True)
+    runner_started_at = models.DateTimeField(null=True, blank=True)
+    # A stop of a Job already in the scheduler: the launcher runs the job shell's mmt_cancel.
+    cancel_state = models.CharField(max_length=8, choices=CancelState.choices, blank=True)
+    cancel_requested_at = models.DateTimeField(null=True, blank=True)
+    cancel_reported_at = models.DateTimeField(null=True, blank=True)
+    cancel_error = models.CharField(max_length=1000, blank=True)
 
     class Meta:
         ordering = ["-claimed_at", "-id"]
-        indexes = [models.Index(fields=["target", "status"], name="submission_site_status")]
+        indexes = [models.Index(fields=["target", "status"], name="submission_site_status"),
+                   models.Index(fields=["launcher", "cancel_state"], name="submission_cancellations")]
 
     def __str__(self) -> str:
         return f"submission of job {self.job_id} ({self.status})"
