@@ -1,0 +1,977 @@
+"""The runner: what a site's job shell starts on the compute node for one Job (docs/sites-protocol.md,
+"Runner endpoints"; REFERENCE §5).
+
+    mado-tracking runner SPEC_DIR
+    python SPEC_DIR/lib/worker_agent/site/runner.py SPEC_DIR      (what SPEC_DIR/mmt-runner execs)
+
+It reads `SPEC_DIR/job.json` (`{format: 1, api_url, token, job}`, written by the launcher or by
+`mado-tracking submit`) and talks to the server with the Job's job token only. Standard library only,
+plus the four bundled modules the launcher copies into `SPEC_DIR/lib/` (supervisor, runtimes, jobenv,
+results), so a compute node needs nothing but a Python >= 3.11: the Job runs with the same supervisor,
+runtimes and environment as on a worker.
+
+1. `start` with a fresh runner id (the Job becomes `waiting_resources`); a second runner of the same Job
+   is refused (409 `runner_conflict`, exit 3).
+2. The workspace `<working_dir>/.mmt/jobs/<jobId>/` as on a worker: the source (an uploaded archive is
+   downloaded with the job token; a git source is cloned here), `runtimes.build_spec`, then the
+   supervisor started here (`supervisor.cmd_start`; it runs the Job in its own session and outlives
+   nothing the scheduler does not kill).
+3. One loop: new bytes of stdout.log/stderr.log every `log_interval_seconds` (1 s; chunks of at most
+   1 MiB cut at UTF-8 character boundaries, sent in order and resent from the same offsets after a
+   failure), a heartbeat every `heartbeat_seconds` (5 s; `status: running` once the supervisor runs the
+   code, which makes the Job `running`). `cancel_requested` in a heartbeat's answer stops the code
+   (SIGTERM, SIGKILL after the grace) and the Job ends `canceled`. SIGTERM or SIGINT to the runner is
+   the scheduler's warning before the time limit (Slurm `--signal=B:TERM@120`, the Grid Engine timer,
+   `timeout` on Docker hosts): the code is stopped the same way and the Job ends failed `timed_out`.
+4. The end as on a worker: exit code 0 → result.json validated here with `worker_agent.results`, the
+   outputs declared, the artifacts the answer asks for uploaded (parts of 32 MiB with Content-Range
+   from 64 MiB on) → `finished`; otherwise `failed` with the end reason, or `canceled`; then `finish`.
+
+Network errors, timeouts, 429 and 5xx are retried with backoff (the Job keeps running meanwhile).
+401/403, 404 and 409 `runner_conflict`/`job_ended` mean the server no longer lets this runner report the
+Job: the code is stopped and the runner exits 3. The token is never printed: every text that leaves
+the runner has it masked.
+
+Exit codes: 0 finished, 1 failed/canceled/timed out, 2 configuration error (bad spec directory,
+unreachable API), 3 the API refused the runner."""
+from __future__ import annotations
+
+import hashlib
+import http.client
+import json
+import os
+import random
+import re
+import shutil
+import signal
+import socket
+import stat
+import subprocess
+import sys
+import tarfile
+import tempfile
+import threading
+import time
+import traceback
+import urllib.error
+import urllib.parse
+import urllib.request
+import uuid
+
+if __package__ in (None, ""):  # run as a file: python SPEC_DIR/lib/worker_agent/site/runner.py SPEC_DIR
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+from worker_agent import __version__, results, runtimes, supervisor  # noqa: E402
+
+SPEC_FORMAT = 1
+SPEC_ROOT = ".mmt-submissions"
+STREAMS = ("stdout", "stderr")
+LOG_CHUNK = 1 << 20  # the server takes chunks of at most 1 MiB
+LOG_BATCH = 4 << 20  # per POST
+LOG_TICK_BUDGET = 2.0  # seconds of log sending per loop turn before heartbeats get a turn
+POLL_SECONDS = 0.2
+PART_THRESHOLD = 64 << 20
+PART_SIZE = 32 << 20
+CONNECT_TIMEOUT = 30.0
+START_PATIENCE = 600.0  # seconds of an unreachable API before the runner gives up starting
+RETRY_CAP = 30.0
+FINISH_ROUNDS = 3  # outputs sent again when the server still misses artifacts at finish
+TOKEN_RE = re.compile(r"\bmmtj?_[A-Za-z0-9_\-]{16,}")
+SCHEDULER_ID_VARIABLES = ("SLURM_JOB_ID", "PBS_JOBID", "JOB_ID", "PJM_JOBID")
+# Job ends that are final for the loop: the supervisor has stopped writing the logs.
+ENDED = supervisor.TERMINAL + ("absent", "refused")
+
+EXIT_OK, EXIT_FAILED, EXIT_CONFIG, EXIT_REFUSED = 0, 1, 2, 3
+
+
+# -- errors ---------------------------------------------------------------------------------------
+
+class ConfigError(Exception):
+    """The spec directory (or the site's settings it carries) cannot work: exit 2."""
+
+
+class ApiError(Exception):
+    """The server answered with an error that retrying will not change."""
+
+    def __init__(self, message: str, *, status: int | None = None, code: str | None = None, body: dict | None = None):
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.body = body or {}
+
+
+class Refused(ApiError):
+    """The server no longer lets this runner report the Job (401, 403, 404, 409 runner_conflict/job_ended)."""
+
+
+class Unavailable(ApiError):
+    """The server could not be reached, or answered 429/5xx: worth another try."""
+
+
+class StartFailed(Exception):
+    """The Job cannot start here; the message says what to fix and becomes the Job's error."""
+
+
+def mask(text: str, token: str = "") -> str:
+    if token:
+        text = text.replace(token, token[:12] + "…")
+    return TOKEN_RE.sub(lambda m: m.group(0)[:12] + "…", text)
+
+
+def is_refusal(status: int | None, code: str | None) -> bool:
+    return status in (401, 403, 404) or (status == 409 and code in ("runner_conflict", "job_ended"))
+
+
+# -- the spec directory -------------------------------------------------------------------------
+
+class Spec:
+    """`SPEC_DIR/job.json`, checked."""
+
+    def __init__(self, spec_dir: str, api_url: str, token: str, job: dict):
+        self.dir = spec_dir
+        self.api_url = api_url
+        self.token = token
+        self.job = job
+        self.job_id = int(job["id"])
+
+
+def load_spec(spec_dir: str) -> Spec:
+    if not spec_dir:
+        raise ConfigError("Give the spec directory: mado-tracking runner SPEC_DIR.")
+    spec_dir = os.path.abspath(spec_dir)
+    try:
+        st = os.lstat(spec_dir)
+    except OSError as exc:
+        raise ConfigError(f"The spec directory {spec_dir} cannot be read ({exc.strerror}): the job shell must pass "
+                          "the directory the launcher or `mado-tracking submit` wrote (MMT_SPEC_DIR).") from None
+    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+        raise ConfigError(f"{spec_dir} is not a directory (or is a symbolic link): pass the spec directory itself.")
+    path = os.path.join(spec_dir, "job.json")
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        with os.fdopen(fd, "rb") as f:
+            if os.fstat(f.fileno()).st_mode & 0o077:
+                note(f"{path} is readable by others; it holds the Job's token and should be mode 600.")
+            raw = f.read(64 << 20)
+    except OSError as exc:
+        raise ConfigError(f"{path} cannot be read ({exc.strerror}): the spec directory is incomplete; submit the "
+                          "Job again.") from None
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        raise ConfigError(f"{path} is not valid JSON: the spec directory is damaged; submit the Job again.") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path} must hold one JSON object {{format, api_url, token, job}}.")
+    if data.get("format") != SPEC_FORMAT:
+        raise ConfigError(f"{path} has format {data.get('format')!r}; this runner reads format {SPEC_FORMAT}. Use "
+                          "the runner bundled in the same spec directory (SPEC_DIR/mmt-runner).")
+    api_url = data.get("api_url")
+    if not isinstance(api_url, str) or not re.match(r"^https?://[^/\s]+", api_url):
+        raise ConfigError(f"api_url in {path} must be the server's http(s) URL as compute nodes reach it (the "
+                          "site's runner API URL).")
+    token = data.get("token")
+    if not isinstance(token, str) or not token.strip() or any(c.isspace() for c in token):
+        raise ConfigError(f"token in {path} is missing or malformed: submit the Job again.")
+    job = data.get("job")
+    if not isinstance(job, dict) or isinstance(job.get("id"), bool) or not str(job.get("id", "")).isdigit():
+        raise ConfigError(f"job in {path} must be the Job object with its numeric id: submit the Job again.")
+    return Spec(spec_dir, api_url.rstrip("/"), token, job)
+
+
+# -- output of the runner itself -----------------------------------------------------------------
+
+def note(text: str) -> None:
+    """One line on stderr (the scheduler's log of the batch job)."""
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+    try:
+        print(f"[mado-runner {stamp}] {mask(text)}", file=sys.stderr, flush=True)
+    except (OSError, ValueError, RuntimeError):  # RuntimeError: a signal's note while a note was written
+        pass
+
+
+# -- HTTP ---------------------------------------------------------------------------------------
+
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    def redirect_request(self, req, fp, code, msg, headers, newurl):
+        raise ApiError(f"The server redirected {req.full_url.split('?')[0]} to {newurl.split('?')[0]}: set the "
+                       "site's runner API URL to the final address (https:// rather than http://, say).",
+                       status=code, code="redirect")
+
+
+class _Body:
+    """`length` bytes of an open file from `offset`, read as urllib sends it (so a large artifact is
+    never held in memory)."""
+
+    def __init__(self, path: str, offset: int, length: int):
+        self._f = open(path, "rb")  # noqa: SIM115 -- closed by close()
+        self._f.seek(offset)
+        self._left = length
+
+    def read(self, n: int = -1) -> bytes:
+        if self._left <= 0:
+            return b""
+        n = self._left if n is None or n < 0 else min(n, self._left)
+        data = self._f.read(n)
+        if not data:
+            raise OSError("The file became shorter while it was uploaded.")
+        self._left -= len(data)
+        return data
+
+    def close(self) -> None:
+        self._f.close()
+
+
+class Api:
+    """The runner endpoints of one Job, with the job token and this runner's id."""
+
+    def __init__(self, api_url: str, token: str, job_id: int, runner_id: str):
+        self.base = f"{api_url}/api/runner/jobs/{int(job_id)}"
+        self.api_url = api_url
+        self._token = token
+        self.runner_id = runner_id
+        self._opener = urllib.request.build_opener(_NoRedirect())
+
+    def mask(self, text: str) -> str:
+        return mask(text, self._token)
+
+    def once(self, method: str, path: str, *, body: dict | None = None, data=None, headers: dict | None = None,
+             out=None, timeout: float = CONNECT_TIMEOUT) -> dict:
+        """One attempt. JSON `body` (runner_id added) or raw `data`; `out`: a binary file for the answer."""
+        url = f"{self.base}/{path}"
+        all_headers = {"Authorization": f"Bearer {self._token}", "Accept": "application/json",
+                       "User-Agent": f"mado-tracking-runner/{__version__}"}
+        if body is not None:
+            data = json.dumps({"runner_id": self.runner_id, **body}).encode("utf-8")
+            all_headers["Content-Type"] = "application/json"
+        else:
+            url += ("&" if "?" in url else "?") + urllib.parse.urlencode({"runner_id": self.runner_id})
+        all_headers.update(headers or {})
+        request = urllib.request.Request(url, data=data, headers=all_headers, method=method)
+        where = f"{method} {self.base.split('/api/', 1)[-1]}/{path.split('?')[0]}"
+        try:
+            with self._opener.open(request, timeout=timeout) as response:
+                if out is not None:
+                    size = 0
+                    for block in iter(lambda: response.read(1 << 20), b""):
+                        out.write(block)
+                        size += len(block)
+                    return {"size": size}
+                raw = response.read()
+        except urllib.error.HTTPError as exc:
+            raw = exc.read() if exc.fp is not None else b""
+            exc.close()
+            raise self._error(exc.code, raw, where) from None
+        except ApiError:
+            raise
+        except (OSError, EOFError, ValueError, http.client.HTTPException) as exc:  # URLError, timeouts, resets
+            reason = getattr(exc, "reason", None) or exc
+            raise Unavailable(self.mask(f"Cannot reach the server at {self.api_url} ({where}: {reason}).")) from None
+        try:
+            answer = json.loads(raw.decode("utf-8")) if raw else {}
+        except (UnicodeDecodeError, ValueError):
+            raise ApiError(f"The server answered {where} with something other than JSON: check that the site's "
+                           f"runner API URL ({self.api_url}) points at the Mado server.") from None
+        return answer if isinstance(answer, dict) else {}
+
+    def _error(self, status: int, raw: bytes, where: str) -> ApiError:
+        try:
+            body = json.loads(raw.decode("utf-8"))
+        except (UnicodeDecodeError, ValueError):
+            body = None
+        body = body if isinstance(body, dict) else {}
+        code = body.get("code") if isinstance(body.get("code"), str) else None
+        text = self.mask(str(body.get("error") or "")) or f"The server answered {status} to {where}."
+        if status >= 500 or status == 429:
+            return Unavailable(f"The server answered {status} to {where}.", status=status, code=code, body=body)
+        kind = Refused if is_refusal(status, code) else ApiError
+        return kind(text, status=status, code=code, body=body)
+
+    def call(self, method: str, path: str, *, body: dict | None = None, patience: float | None = None,
+             what: str = "", **kwargs) -> dict:
+        """`once` until the server answers: network trouble, 429 and 5xx are retried with backoff, for
+        at most `patience` seconds (None: as long as it takes, as the Job's end must be reported)."""
+        started = time.monotonic()
+        failures = 0
+        while True:
+            try:
+                return self.once(method, path, body=body, **kwargs)
+            except Unavailable as exc:
+                failures += 1
+                if patience is not None and time.monotonic() - started >= patience:
+                    raise
+                delay = min(RETRY_CAP, 0.5 * 2 ** min(failures, 8)) * random.uniform(0.5, 1.0)
+                if failures == 1 or failures % 10 == 0:
+                    note(f"{what or path} not delivered yet ({exc}); trying again in {delay:.0f} s.")
+                time.sleep(delay)
+
+
+# -- facts, source, outputs (standard library, here on the compute node) -------------------------
+
+def local_facts(runtime: str) -> runtimes.TargetFacts:
+    """What runtimes.build_spec needs to know about this machine."""
+    help_text = None
+    if runtime in runtimes.CONTAINER_RUNTIMES:
+        try:
+            ran = subprocess.run([runtime, "exec", "--help"], capture_output=True, timeout=60,
+                                 stdin=subprocess.DEVNULL, check=False)
+            help_text = (ran.stdout + ran.stderr).decode("utf-8", "replace")
+        except (OSError, subprocess.TimeoutExpired):
+            help_text = None
+    return runtimes.TargetFacts(uid=os.getuid(), gid=os.getgid(), container_help=help_text)
+
+
+def ensure_workspace(working_dir: str, job_id: int) -> str:
+    if not os.path.isdir(working_dir):
+        raise StartFailed(f"The working directory {working_dir} does not exist on this compute node: create it, or "
+                          "correct the site's working directory.")
+    try:
+        job_dir = supervisor.checked_dirs(working_dir, [".mmt", "jobs", str(job_id)], create=True)
+        os.chmod(job_dir, 0o700)
+    except supervisor.Refused as exc:
+        raise StartFailed(exc.message) from None
+    return job_dir
+
+
+def unpack_archive(archive_path: str, job_dir: str) -> int:
+    """Regular files and directories of a .tar.gz into `<job_dir>/source` (it appears only when complete)."""
+    final = os.path.join(job_dir, "source")
+    tmp = tempfile.mkdtemp(prefix=".source-", dir=job_dir)
+    count = 0
+    try:
+        with tarfile.open(archive_path, mode="r:gz") as archive:
+            for member in archive:
+                name = member.name
+                while name.startswith("./"):
+                    name = name[2:]
+                name = name.rstrip("/")
+                if not name or name == ".":
+                    continue
+                pieces = name.split("/")
+                if name.startswith("/") or ".." in pieces or "\0" in name:
+                    raise StartFailed(f"The source archive holds the unsafe path {name!r}; upload it again without it.")
+                target = os.path.join(tmp, *pieces)
+                if member.isdir():
+                    os.makedirs(target, 0o755, exist_ok=True)
+                elif member.isfile():
+                    os.makedirs(os.path.dirname(target), 0o755, exist_ok=True)
+                    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW,
+                                 0o755 if member.mode & 0o111 else 0o644)
+                    with os.fdopen(fd, "wb") as f:
+                        shutil.copyfileobj(archive.extractfile(member), f, 1 << 20)
+                    count += 1
+                else:
+                    raise StartFailed(f"The source archive holds {name!r}, which is not a file or a directory; links "
+                                      "and special files are not accepted in a source archive.")
+        os.rename(tmp, final)
+    except (OSError, tarfile.TarError, EOFError) as exc:
+        raise StartFailed(f"The source archive could not be unpacked here: {exc}.") from None
+    finally:
+        if os.path.lexists(tmp):
+            shutil.rmtree(tmp, ignore_errors=True)
+    return count
+
+
+def clone_source(source: dict, job_dir: str) -> None:
+    final = os.path.join(job_dir, "source")
+    tmp = tempfile.mkdtemp(prefix=".source-", dir=job_dir)
+    env = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR") or
+           k.startswith(("GIT_SSH", "SSH_AUTH", "http_", "https_", "HTTP_", "HTTPS_", "no_proxy", "NO_PROXY"))}
+    env["GIT_TERMINAL_PROMPT"] = "0"
+    repo = os.path.join(tmp, "repo")
+    try:
+        for argv in (["git", "clone", "--quiet", "--no-checkout", "--", str(source.get("url") or ""), repo],
+                     ["git", "-C", repo, "checkout", "--quiet", "--detach", str(source.get("ref") or "HEAD")]):
+            try:
+                ran = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, env=env, timeout=3600,
+                                     check=False)
+            except FileNotFoundError:
+                raise StartFailed("git is not installed on this compute node: install it, or upload the source as "
+                                  "an archive.") from None
+            except subprocess.TimeoutExpired:
+                raise StartFailed(f"{' '.join(argv[:2])} did not finish within an hour.") from None
+            if ran.returncode != 0:
+                tail = ran.stderr.decode("utf-8", "replace").strip().splitlines()[-3:]
+                raise StartFailed(mask(f"{' '.join(argv[:2])} failed: " + " | ".join(tail)))
+        os.rename(repo, final)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _sha256(path: str) -> str:
+    digest = hashlib.sha256()
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    with os.fdopen(fd, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _read_limited(path: str, limit: int) -> bytes | None:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as f:
+        return f.read(limit + 1)
+
+
+def list_outputs(outputs_dir: str, max_files: int) -> dict:
+    """The outputs directory as the worker reports it: {files: [{path, size, sha256, kind}], result:
+    bytes | None, manifest: bytes | None}. Symbolic links are reported, never followed."""
+    try:
+        st = os.lstat(outputs_dir)
+    except FileNotFoundError:
+        return {"files": [], "result": None, "manifest": None}
+    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+        raise StartFailed("The outputs directory is a symbolic link or not a directory.")
+    files: list[dict] = []
+    for dirpath, dirnames, filenames in os.walk(outputs_dir):
+        rel_dir = os.path.relpath(dirpath, outputs_dir)
+        for name in sorted(dirnames) + sorted(filenames):
+            full = os.path.join(dirpath, name)
+            rel = name if rel_dir == "." else f"{rel_dir}/{name}"
+            st = os.lstat(full)
+            if stat.S_ISLNK(st.st_mode):
+                files.append({"path": rel, "size": 0, "sha256": "", "kind": "symlink"})
+            elif stat.S_ISDIR(st.st_mode):
+                files.append({"path": rel, "size": 0, "sha256": "", "kind": "dir"})
+            elif stat.S_ISREG(st.st_mode):
+                files.append({"path": rel, "size": st.st_size, "sha256": _sha256(full), "kind": "file"})
+            else:
+                files.append({"path": rel, "size": 0, "sha256": "", "kind": "special"})
+            if len(files) > max_files + 2:
+                raise StartFailed(f"The outputs directory holds more than {max_files} files; keep fewer (pack them "
+                                  "into an archive).")
+        dirnames[:] = [d for d in dirnames if not os.path.islink(os.path.join(dirpath, d))]
+    has_result = any(f["path"] == "result.json" and f["kind"] == "file" for f in files)
+    result = _read_limited(os.path.join(outputs_dir, "result.json"), results.MAX_RESULT_BYTES) if has_result else None
+    manifest = None
+    if result is not None:
+        try:
+            name = json.loads(result.decode("utf-8")).get("artifactsManifest")
+        except (ValueError, AttributeError):
+            name = None
+        if isinstance(name, str) and name and ".." not in name.split("/") and not name.startswith("/") and \
+                any(f["path"] == name and f["kind"] == "file" for f in files):
+            manifest = _read_limited(os.path.join(outputs_dir, name), 64 << 20)
+    return {"files": files, "result": result, "manifest": manifest}
+
+
+def signal_name(number) -> str:
+    try:
+        return signal.Signals(int(number)).name
+    except (ValueError, TypeError):
+        return f"signal {number}"
+
+
+# -- the runner ---------------------------------------------------------------------------------
+
+class Runner:
+    def __init__(self, spec: Spec):
+        self.spec = spec
+        self.id = spec.job_id
+        self.runner_id = str(uuid.uuid4())
+        self.api = Api(spec.api_url, spec.token, spec.job_id, self.runner_id)
+        self.job: dict = dict(spec.job)
+        self.job_dir = ""
+        self.heartbeat_seconds = 5.0
+        self.log_interval = 1.0
+        self.offsets = {s: 0 for s in STREAMS}
+        self._fds: dict[str, int] = {}
+        self.running_reported = False
+        self.stop_reason: str | None = None  # "canceled" (stop request) or "timed_out" (SIGTERM to the runner)
+        self.stop_written = False
+        self.refused: Refused | None = None
+        self._cancel_thread: threading.Thread | None = None
+        self.beat_failures = 0
+
+    # -- signals ---------------------------------------------------------------------------------
+
+    def install_signals(self) -> None:
+        signal.signal(signal.SIGTERM, self._on_signal)
+        signal.signal(signal.SIGINT, self._on_signal)
+
+    def _on_signal(self, signum, frame) -> None:
+        if self.stop_reason is None:
+            self.stop_reason = "timed_out"
+            note(f"{signal_name(signum)} received (the scheduler's time limit is near): stopping the Job's code.")
+        self.request_stop()
+
+    def request_stop(self) -> None:
+        """Ask the supervisor to stop the code (SIGTERM, SIGKILL after the grace); once is enough."""
+        if self.stop_written or not self.job_dir or \
+                not os.path.exists(os.path.join(self.job_dir, supervisor.STATE_FILE)):
+            return
+        try:
+            supervisor.write_json(os.path.join(self.job_dir, supervisor.CANCEL_FILE),
+                                  {"requested_at": time.time(), "by": f"runner ({self.stop_reason or 'refused'})"})
+            self.stop_written = True
+        except OSError as exc:
+            note(f"Could not ask the supervisor to stop the Job: {exc}.")
+
+    def stop_orphan(self, state: dict) -> None:
+        """The supervisor is gone while the code may still run: stop its process group ourselves."""
+        if self._cancel_thread is not None:
+            return
+
+        def cancel() -> None:
+            try:
+                supervisor.cmd_cancel(self.job_dir, None)
+            except Exception as exc:  # noqa: BLE001 -- reported; the loop goes on watching
+                note(f"Stopping the Job's code failed: {exc}.")
+
+        self._cancel_thread = threading.Thread(target=cancel, name="cancel", daemon=True)
+        self._cancel_thread.start()
+
+    # -- the whole run ----------------------------------------------------------------------------
+
+    def run(self) -> int:
+        self.install_signals()
+        try:
+            answer = self.start()
+        except Refused as exc:
+            return self.refused_exit(exc)
+        except Unavailable as exc:
+            note(f"{exc} The runner gave up after {START_PATIENCE:.0f} s: check the site's runner API URL and that "
+                 "compute nodes can reach the server.")
+            return EXIT_CONFIG
+        except ApiError as exc:
+            note(f"The server refused to start Job {self.id}: {exc}")
+            return EXIT_CONFIG if exc.code == "redirect" else EXIT_REFUSED
+        try:
+            return self.supervise(answer)
+        except Refused as exc:
+            self.stop_code()
+            return self.refused_exit(exc)
+        except Exception as exc:  # noqa: BLE001 -- a bug must still end the Job, not leave it waiting
+            note("The runner failed unexpectedly:\n" + mask("".join(traceback.format_exc()), self.spec.token))
+            self.stop_code()
+            return self.finish({"status": "failed", "end_reason": "worker_lost",
+                                "error": f"The runner on the compute node failed: {type(exc).__name__}: {exc}"[:900]})
+
+    def start(self) -> dict:
+        body: dict = {"hostname": socket.gethostname()}
+        scheduler_id = next((os.environ[v] for v in SCHEDULER_ID_VARIABLES if os.environ.get(v)), None)
+        if scheduler_id:
+            body["scheduler_job_id"] = scheduler_id[:200]
+        index = os.environ.get("MMT_ARRAY_INDEX", "").strip()
+        if index.isdigit():
+            body["array_index"] = int(index)
+        note(f"Job {self.id}: runner {self.runner_id} starting on {body['hostname']}"
+             + (f" (scheduler job {scheduler_id})" if scheduler_id else "") + ".")
+        answer = self.api.call("POST", "start", body=body, patience=START_PATIENCE, what="start")
+        self.heartbeat_seconds = _bounded(answer.get("heartbeat_seconds"), 5.0, 1.0, 60.0)
+        self.log_interval = _bounded(answer.get("log_interval_seconds"), 1.0, 0.2, 30.0)
+        return answer
+
+    def refused_exit(self, exc: Refused) -> int:
+        what = {"runner_conflict": "another runner already reports this Job (a second copy of the batch job?)",
+                "job_ended": "the Job has already ended"}.get(exc.code or "")
+        if what is None:
+            what = ("the job token is no longer valid (the Job was stopped or ended, or its submission expired)"
+                    if exc.status == 401 else f"it answered {exc.status} {exc.code or ''}".strip())
+        note(f"The server refused this runner of Job {self.id}: {what}. {exc} Nothing more is reported; "
+             "this runner exits 3.")
+        return EXIT_REFUSED
+
+    def supervise(self, answer: dict) -> int:
+        self.job = self.job_object(answer.get("job"))
+        if self.stop_reason == "timed_out":
+            return self.finish({"status": "failed", "end_reason": "timed_out",
+                                "error": "The scheduler stopped the batch job before its code started."})
+        if self.job.get("cancel_requested"):
+            note("A stop was requested before the Job's code started: not starting it.")
+            return self.finish({"status": "canceled", "end_reason": "canceled"})
+        try:
+            self.prepare()
+        except StartFailed as exc:
+            note(f"The Job could not start: {exc}")
+            return self.finish({"status": "failed", "end_reason": "start_failed", "error": str(exc)[:1000]})
+        final = self.follow()
+        if self.refused is not None:
+            raise self.refused
+        if final.get("started_at") and not self.running_reported:
+            self.heartbeat(final)  # the code ran (however briefly): the Job was running before it ended
+            if self.refused is not None:
+                raise self.refused
+        return self.finish(self.conclude(final))
+
+    def job_object(self, fresh) -> dict:
+        """The claim object (the start answer's, else job.json's) as build_spec and jobenv read it."""
+        job = dict(fresh) if isinstance(fresh, dict) and fresh.get("id") is not None else dict(self.spec.job)
+        job["id"] = self.id
+        job["job_token"] = self.spec.token
+        # The job's code reaches the server at the address this compute node uses (the site's runner API URL).
+        job["api_url"] = self.spec.api_url
+        if not job.get("lease_id") or job.get("lease_id") == "None":
+            job["lease_id"] = self.runner_id
+        computer = dict(job.get("computer") or {})
+        parent = os.path.dirname(self.spec.dir)
+        if os.path.basename(parent) == SPEC_ROOT:
+            # The spec directory is <working dir>/.mmt-submissions/<jobId>: the working dir of this
+            # submission (a personal account's own, or `submit --work-dir`) wins over the site's default.
+            computer["working_dir"] = os.path.dirname(parent)
+        if not computer.get("python_path"):
+            computer["python_path"] = sys.executable or "python3"
+        job["computer"] = computer
+        if not job.get("gpu_ids") and os.environ.get("CUDA_VISIBLE_DEVICES", "").strip():
+            # The scheduler chose the GPUs of this allocation; keep them visible to the code.
+            job["gpu_ids"] = [g for g in os.environ["CUDA_VISIBLE_DEVICES"].split(",") if g.strip()]
+        return job
+
+    # -- preparing --------------------------------------------------------------------------------
+
+    def prepare(self) -> None:
+        working_dir = str(self.job["computer"].get("working_dir") or "").rstrip("/")
+        if not working_dir.startswith("/"):
+            raise StartFailed("The site has no working directory (an absolute path on the compute nodes): set one "
+                              "in its settings.")
+        runtime = str(self.job.get("runtime") or "python")
+        try:
+            spec = runtimes.build_spec(self.job, local_facts(runtime))
+        except runtimes.RuntimeRefused as exc:
+            raise StartFailed(exc.message) from None
+        job_dir = ensure_workspace(working_dir, self.id)
+        if supervisor.cmd_poll(job_dir).get("status") == "absent":
+            if self.job.get("source") and not os.path.lexists(os.path.join(job_dir, "source")):
+                self.fetch_source(job_dir)
+            if self.stop_reason:
+                raise StartFailed("The scheduler stopped the batch job before its code started.")
+        try:
+            state = supervisor.cmd_start(job_dir, json.dumps(spec).encode("utf-8"), supervisor.program_source())
+        except supervisor.Refused as exc:
+            raise StartFailed(f"The supervisor refused to start the Job ({exc.code}): {exc.message}") from None
+        self.job_dir = job_dir
+        note(f"Job {self.id} {'started' if state.get('started') else 're-attached'} in {job_dir} ({runtime} runtime, "
+             f"supervisor pid {(state.get('supervisor') or {}).get('pid')}).")
+        if self.stop_reason:
+            self.request_stop()
+
+    def fetch_source(self, job_dir: str) -> None:
+        source = self.job["source"]
+        if source.get("kind") == "git":
+            note(f"Cloning {source.get('url')} ({source.get('ref') or 'HEAD'}).")
+            clone_source(source, job_dir)
+            return
+        if source.get("kind") != "archive":
+            raise StartFailed(f"This runner does not know the source kind {source.get('kind')!r}.")
+        fd, path = tempfile.mkstemp(prefix=".source-download-", dir=job_dir)
+        try:
+            with os.fdopen(fd, "wb") as out:
+                for attempt in range(1, 100):
+                    out.seek(0)
+                    out.truncate()
+                    try:
+                        size = self.api.once("GET", "source", out=out, timeout=120)["size"]
+                        break
+                    except Unavailable as exc:
+                        note(f"Source download failed ({exc}); trying again.")
+                        time.sleep(min(RETRY_CAP, 2.0 ** attempt))
+                    except Refused:
+                        raise
+                    except ApiError as exc:
+                        raise StartFailed(f"The source could not be downloaded: {exc}") from None
+                else:
+                    raise StartFailed("The source could not be downloaded: the server kept failing.")
+            if source.get("sha256") and _sha256(path) != str(source["sha256"]).lower():
+                raise StartFailed("The downloaded source archive does not match its sha256; upload it again.")
+            count = unpack_archive(path, job_dir)
+            note(f"Source archive downloaded ({size} bytes) and unpacked ({count} files).")
+        finally:
+            os.unlink(path)
+
+    # -- following the code -----------------------------------------------------------------------
+
+    def poll(self) -> dict:
+        try:
+            return supervisor.cmd_poll(self.job_dir)
+        except supervisor.Refused as exc:
+            return {"status": "refused", "error": exc.message}
+
+    @staticmethod
+    def ended(state: dict) -> bool:
+        return state.get("status") in ENDED or (state.get("status") == "unknown" and not state.get("process_alive"))
+
+    def follow(self) -> dict:
+        """Logs and heartbeats until the supervisor's end state (returned)."""
+        next_logs = next_beat = 0.0
+        while True:
+            if (self.stop_reason or self.refused) and not self.stop_written:
+                self.request_stop()
+            state = self.poll()
+            if state.get("status") == "unknown" and state.get("process_alive") and (self.stop_reason or self.refused):
+                self.stop_orphan(state)
+            ended = self.ended(state)
+            now = time.monotonic()
+            if ended or now >= next_logs:
+                caught_up = self.ship_logs(final=ended)
+                next_logs = now + self.log_interval if caught_up else now
+            if ended:
+                return state
+            if self.refused is None and time.monotonic() >= next_beat:
+                self.heartbeat(state)
+                next_beat = time.monotonic() + self.heartbeat_seconds
+            time.sleep(POLL_SECONDS)
+
+    def heartbeat(self, state: dict) -> None:
+        running = bool(state.get("started_at")) and not self.running_reported
+        body = {"status": "running"} if running else {}
+        try:
+            answer = self.api.once("POST", "heartbeat", body=body)
+        except Refused as exc:
+            self.refused = exc
+            note(f"The server refused the heartbeat ({exc.status} {exc.code}): stopping the Job's code.")
+            self.request_stop()
+            return
+        except ApiError as exc:
+            self.beat_failures += 1
+            if self.beat_failures == 1 or self.beat_failures % 12 == 0:
+                note(f"Heartbeat not delivered ({exc}); the Job runs on and the runner keeps trying.")
+            return
+        self.beat_failures = 0
+        if running:
+            self.running_reported = True
+            note("The Job's code runs (reported running).")
+        if answer.get("cancel_requested") and self.stop_reason is None:
+            self.stop_reason = "canceled"
+            note("A stop was requested: stopping the Job's code (SIGTERM, SIGKILL after the grace).")
+            self.request_stop()
+
+    def _log_fd(self, stream: str) -> int | None:
+        fd = self._fds.get(stream)
+        if fd is None:
+            try:
+                fd = os.open(os.path.join(self.job_dir, f"{stream}.log"), os.O_RDONLY | os.O_NOFOLLOW)
+            except OSError:
+                return None
+            self._fds[stream] = fd
+        return fd
+
+    def collect(self, final: bool) -> tuple[list[dict], dict]:
+        """New log bytes from the offsets: chunks of at most LOG_CHUNK, LOG_BATCH in all. Each ends at a
+        UTF-8 character boundary, except the very last bytes of a stream that has ended."""
+        chunks, total, pos = [], 0, dict(self.offsets)
+        for stream in STREAMS:
+            fd = self._log_fd(stream)
+            if fd is None:
+                continue
+            size = os.fstat(fd).st_size
+            while total < LOG_BATCH and pos[stream] < size:
+                data = os.pread(fd, min(LOG_CHUNK, size - pos[stream], LOG_BATCH - total), pos[stream])
+                if not data:
+                    break
+                if not (final and pos[stream] + len(data) >= size):
+                    data = data[:supervisor.utf8_cut(data)]
+                if not data:
+                    break
+                chunks.append({"stream": stream, "offset": pos[stream], "data": data.decode("utf-8", "replace")})
+                pos[stream] += len(data)
+                total += len(data)
+        return chunks, pos
+
+    def ship_logs(self, final: bool) -> bool:
+        """Send what is new; True when caught up (False: more is waiting, come back soon)."""
+        deadline = time.monotonic() + LOG_TICK_BUDGET
+        while True:
+            chunks, pos = self.collect(final)
+            if not chunks:
+                return True
+            try:
+                self.api.call("POST", "logs", body={"chunks": chunks}, what="logs")
+            except Refused:
+                if final:
+                    return True
+                raise
+            except ApiError as exc:  # 422: these chunks cannot get better by sending them again
+                note(f"The server refused {len(chunks)} log chunk(s): {exc}")
+            self.offsets = pos
+            if not final and time.monotonic() >= deadline:
+                return False
+
+    # -- the end ----------------------------------------------------------------------------------
+
+    def conclude(self, final: dict) -> dict:
+        status = final.get("status")
+        code, sig = final.get("exit_code"), final.get("signal")
+        if self.stop_reason == "timed_out" and status in ("exited", "canceled", "timed_out"):
+            if code == 0:
+                self.send_outputs(best_effort=True)  # a checkpoint written on SIGTERM is kept
+            return {"status": "failed", "end_reason": "timed_out", **({"exit_code": code} if code is not None else {}),
+                    "error": "The scheduler's time limit was reached: the batch job got SIGTERM and the code was "
+                             "stopped."}
+        if status == "exited":
+            if code == 0:
+                return self.send_outputs()
+            if code is not None:
+                return {"status": "failed", "exit_code": int(code), "end_reason": "exit_code"}
+            return {"status": "failed", "end_reason": "exit_code",
+                    "error": f"The code was killed by {signal_name(sig)}." if sig else
+                    (final.get("error") or "The code ended; its exit code is unknown.")}
+        if status == "canceled":
+            return {"status": "canceled", "end_reason": "canceled"}
+        if status == "timed_out":
+            return {"status": "failed", "end_reason": "timed_out",
+                    "error": f"The walltime of {self.job.get('walltime_seconds')} s was reached; the code was stopped."}
+        if status == "failed_to_start":
+            return {"status": "failed", "end_reason": "start_failed",
+                    "error": final.get("error") or "The code could not be started."}
+        return {"status": "failed", "end_reason": "worker_lost",
+                "error": final.get("error") or f"The Job's supervisor on the compute node ended unexpectedly ({status}); "
+                                               "the exit code is unknown."}
+
+    def send_outputs(self, *, best_effort: bool = False) -> dict:
+        """result.json checked here, declared, and the artifacts the server asks for uploaded."""
+        outputs_dir = os.path.join(self.job_dir, "outputs")
+        max_files = results.DEFAULT_MAX_OUTPUT_FILES
+        try:
+            listing = list_outputs(outputs_dir, max_files)
+        except (StartFailed, OSError) as exc:
+            return {"status": "failed", "exit_code": 0, "end_reason": "invalid_result", "error": str(exc)}
+        if listing["result"] is None:
+            return {"status": "finished", "exit_code": 0}
+        entries = [results.OutputFile(path=f["path"], size=int(f["size"]), sha256=f["sha256"], kind=f["kind"])
+                   for f in listing["files"]]
+        try:
+            parsed = results.parse_result_json(listing["result"])
+            validated = results.validate_result(parsed, entries, manifest_text=listing["manifest"],
+                                                max_files=max_files)
+            result_text = listing["result"].decode("utf-8")
+            manifest = listing["manifest"].decode("utf-8") if listing["manifest"] is not None else None
+        except results.ResultError as exc:
+            note(f"result.json is not valid: {exc.message}")
+            return {"status": "failed", "exit_code": 0, "end_reason": "invalid_result", "error": exc.message}
+        try:
+            answer = self.api.call("POST", "outputs", what="outputs",
+                                   body={"result": result_text, "files": listing["files"], "manifest": manifest})
+        except Refused:
+            if best_effort:
+                return {}
+            raise
+        except ApiError as exc:
+            note(f"The server refused result.json: {exc}")
+            return {"status": "failed", "exit_code": 0, "end_reason": "invalid_result", "error": str(exc)}
+        sizes = {a["path"]: int(a["size"]) for a in validated.artifacts}
+        upload = [p for p in answer.get("upload") or [] if p in sizes]
+        note(f"result.json accepted ({len(validated.artifacts)} artifact(s), {len(validated.metrics)} metric "
+             f"point(s)); uploading {len(upload)} file(s), {sum(sizes[p] for p in upload)} bytes.")
+        for path in upload:
+            try:
+                self.upload(path, sizes[path])
+            except StartFailed as exc:
+                return {"status": "failed", "exit_code": 0, "end_reason": "invalid_result", "error": str(exc)}
+        return {"status": "finished", "exit_code": 0}
+
+    def upload(self, path: str, size: int) -> None:
+        full = os.path.join(self.job_dir, "outputs", *path.split("/"))
+        url_path = "artifacts/" + urllib.parse.quote(path, safe="/")
+        offset, failures, refused = 0, 0, 0
+        started = time.monotonic()
+        while True:
+            parts = size >= PART_THRESHOLD
+            length = min(PART_SIZE, size - offset) if parts else size
+            headers = {"Content-Type": "application/octet-stream", "Content-Length": str(length)}
+            if parts:
+                headers["Content-Range"] = f"bytes {offset}-{offset + length - 1}/{size}"
+            try:
+                body = _Body(full, offset if parts else 0, length)
+            except OSError as exc:
+                raise StartFailed(f"The output {path} cannot be read: {exc.strerror or exc}.") from None
+            try:
+                answer = self.api.once("PUT", url_path, data=body, headers=headers, timeout=CONNECT_TIMEOUT * 4)
+            except Unavailable as exc:
+                failures += 1
+                note(f"Upload of {path} interrupted ({exc}); trying again.")
+                time.sleep(min(RETRY_CAP, 0.5 * 2 ** min(failures, 8)))
+                continue
+            except Refused:
+                raise
+            except ApiError as exc:
+                if exc.code == "range_mismatch":
+                    received = (exc.body.get("fields") or {}).get("received_bytes") or ["0"]
+                    offset = int(received[0] if isinstance(received, list) else received)
+                    continue
+                refused += 1
+                if refused >= 3:
+                    raise StartFailed(f"The upload of {path} was refused: {exc}") from None
+                note(f"Upload of {path} refused ({exc}); sending it again from the start.")
+                offset = 0
+                continue
+            finally:
+                body.close()
+            failures = 0
+            offset = int(answer.get("received_bytes", offset + length))
+            if answer.get("complete") or offset >= size:
+                elapsed = max(time.monotonic() - started, 1e-6)
+                note(f"Uploaded {path} ({size} bytes, {size / 1e6 / elapsed:.1f} MB/s).")
+                return
+
+    def finish(self, completion: dict) -> int:
+        for _round in range(FINISH_ROUNDS + 1):
+            body = {k: v for k, v in completion.items() if v is not None}
+            try:
+                self.api.call("POST", "finish", body=body, what="finish")
+            except Refused as exc:
+                return self.refused_exit(exc)
+            except ApiError as exc:
+                if exc.code == "artifacts_incomplete" and _round < FINISH_ROUNDS:
+                    note(f"{exc} Sending the outputs again.")
+                    completion = self.send_outputs()
+                    continue
+                note(f"The server refused the Job's end {body}: {exc}")
+                return EXIT_FAILED
+            break
+        detail = (f" (exit code {completion['exit_code']})" if completion.get("exit_code") is not None else "") + \
+            (f", {completion['end_reason']}" if completion.get("end_reason") else "") + \
+            (f": {completion['error']}" if completion.get("error") else "")
+        note(f"Job {self.id} ended {completion['status']}{detail}.")
+        return EXIT_OK if completion["status"] == "finished" else EXIT_FAILED
+
+    def stop_code(self) -> None:
+        """Stop the code and wait for its end (the runner is about to leave)."""
+        if not self.job_dir:
+            return
+        self.request_stop()
+        deadline = time.monotonic() + supervisor.DEFAULT_GRACE + 30.0
+        while time.monotonic() < deadline:
+            state = self.poll()
+            if self.ended(state):
+                return
+            if state.get("status") == "unknown":
+                supervisor.cmd_cancel(self.job_dir, None)
+                return
+            time.sleep(POLL_SECONDS)
+
+
+def _bounded(value, default: float, low: float, high: float) -> float:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return default
+    return min(high, max(low, number)) if number == number else default
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`mado-tracking runner SPEC_DIR` and `runner.py SPEC_DIR`: the exit code (see the module's docstring)."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args and args[0] in ("-h", "--help"):
+        print("usage: mado-tracking runner SPEC_DIR\n\nRuns one Job of a site on this compute node and reports it to "
+              "the Mado server with the Job's token from SPEC_DIR/job.json.\nExit codes: 0 finished, 1 failed/"
+              "canceled/timed out, 2 configuration error, 3 the server refused the runner.")
+        return EXIT_OK
+    if sys.version_info < (3, 11):
+        note(f"The runner needs Python 3.11 or later; {sys.executable} is {sys.version.split()[0]}. Set the site's "
+             "runner Python to a newer interpreter.")
+        return EXIT_CONFIG
+    if len(args) != 1:
+        note("usage: mado-tracking runner SPEC_DIR (the spec directory the job shell passes as MMT_SPEC_DIR).")
+        return EXIT_CONFIG
+    try:
+        spec = load_spec(args[0])
+    except ConfigError as exc:
+        note(f"Configuration error: {exc}")
+        return EXIT_CONFIG
+    return Runner(spec).run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
