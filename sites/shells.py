@@ -7,6 +7,13 @@ job id as its last stdout line, and `mmt_cancel`, which cancels the job `MMT_SCH
 rendered script exports the `MMT_*` variables (validated here, and again by the script itself), then
 the job shell, then calls one of the two functions.
 
+A third, `mmt_find`, is optional (every built-in template has one; an owner's own job shell may
+not): when the answer to an earlier try was lost, it looks for the job that try submitted, named
+`mmt-<first Job id>`, so it is adopted rather than submitted twice. Status 0: found, and it printed
+the scheduler job id (nothing on hosts without a scheduler, where it finds the runners still
+running); status 1: not found, printed nothing; any other status: it could not tell, and the script
+fails without submitting.
+
 Standard library only (plus mado.errors), so the rules can be read in one place."""
 from __future__ import annotations
 
@@ -79,8 +86,8 @@ def content_sha256(content: str) -> str:
 
 
 def validate_content(content: str) -> None:
-    """1 B – 1 MiB of text defining mmt_submit and mmt_cancel, which bash can parse (`bash -n` only
-    parses: nothing of the content runs on the server)."""
+    """1 B – 1 MiB of text defining mmt_submit and mmt_cancel (mmt_find is optional), which bash can
+    parse (`bash -n` only parses: nothing of the content runs on the server)."""
     size = len(content.encode("utf-8"))
     problem = None
     if not content.strip():
@@ -90,8 +97,7 @@ def validate_content(content: str) -> None:
     elif "\0" in content:
         problem = "The job shell contains a NUL character; paste it as plain text."
     else:
-        missing = [name for name in ("mmt_submit", "mmt_cancel")
-                   if not re.search(FUNCTION.format(name=name), content, re.MULTILINE)]
+        missing = [name for name in ("mmt_submit", "mmt_cancel") if not defines(content, name)]
         if missing:
             problem = (f"The job shell must define {' and '.join(f'{m}()' for m in missing)}: mmt_submit submits and "
                        "prints the scheduler job id as its last line, mmt_cancel cancels MMT_SCHEDULER_JOB_ID.")
@@ -99,6 +105,11 @@ def validate_content(content: str) -> None:
             problem = bash_syntax_error(content)
     if problem:
         raise ServiceError(problem, "invalid_job_shell", fields={"content": [problem]})
+
+
+def defines(content: str, name: str) -> bool:
+    """Whether the job shell defines the function `name` (`name() {` or `function name`)."""
+    return bool(re.search(FUNCTION.format(name=name), content, re.MULTILINE))
 
 
 def bash_syntax_error(content: str) -> str | None:
@@ -239,9 +250,33 @@ class ShellValues:
         return env
 
 
-def render_submit(content: str, values: ShellValues, *, title: str = "") -> str:
-    """The whole script for one submission: values exported, the job shell, then mmt_submit."""
-    return _render(content, values.environment(), "mmt_submit", title)
+# What an adopting script runs after the job shell. mmt_find runs in a subshell (its stdout is the
+# answer) on the left of ||, so a status of 1 does not stop the script under `set -e`.
+ADOPT_CALL = """\
+mmt_find_status=0
+mmt_found=$(mmt_find) || mmt_find_status=$?
+case $mmt_find_status in
+0) if [ -n "$mmt_found" ]; then printf '%s\\n' "$mmt_found"; fi ;;
+1) mmt_submit ;;
+*)
+    printf 'mado job shell: mmt_find could not tell whether %s was already submitted (status %s); not submitting it again.\\n' \\
+        "mmt-${MMT_JOB_IDS%%,*}" "$mmt_find_status" >&2
+    exit "$mmt_find_status"
+    ;;
+esac"""
+NO_FIND = "# This job shell defines no mmt_find, so an earlier try cannot be found: submitting again.\nmmt_submit"
+
+
+def render_submit(content: str, values: ShellValues, *, title: str = "", adopt: bool = False) -> str:
+    """The whole script for one submission: values exported, the job shell, then mmt_submit. With
+    `adopt` (the answer to an earlier try was lost), mmt_find first: the id of the job that try
+    submitted is printed as the last stdout line instead of submitting again; when mmt_find finds
+    nothing, or the job shell does not define it, mmt_submit runs."""
+    if adopt:
+        call = ADOPT_CALL if defines(content, "mmt_find") else NO_FIND
+    else:
+        call = "mmt_submit"
+    return _render(content, values.environment(), call, title)
 
 
 def render_cancel(content: str, *, scheduler_job_id: str, target_id: int, variables: dict[str, str] | None = None,

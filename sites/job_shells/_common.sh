@@ -1,7 +1,8 @@
 #
 # Mado runs this script on the site's login node, through the launcher over SSH or through
 # `mado-tracking submit`, with `set -eu`, `umask 077` and these variables exported, and then calls
-# mmt_submit (or mmt_cancel to cancel a submitted Job):
+# mmt_submit (mmt_find first when the answer to an earlier try was lost; mmt_cancel to cancel a
+# submitted Job):
 #
 #   MMT_SPEC_DIR          spec directory <working dir>/.mmt-submissions/<first Job id> (700); each Job
 #                         of an array has its own sibling directory named by its Job id
@@ -16,9 +17,15 @@
 #   MMT_SCHEDULER_JOB_ID  mmt_cancel only: the id mmt_submit printed
 #
 # mmt_submit prints only the scheduler's job id, as the last line of stdout (nothing for hosts
-# without a scheduler); everything else goes to stderr. The job name mmt-<first Job id> lets Mado
-# find a submission whose answer was lost. Requeueing is disabled, and the runner gets SIGTERM
-# before the time limit so the Job ends as "timed out" with its logs sent.
+# without a scheduler); everything else goes to stderr. Requeueing is disabled, and the runner gets
+# SIGTERM before the time limit so the Job ends as "timed out" with its logs sent.
+#
+# mmt_find (optional) looks for this submission made by an earlier try whose answer was lost (the
+# job name mmt-<first Job id> is what it looks for), so it is not submitted twice. It runs before
+# mmt_submit, in a subshell where `set -e` does not apply, so it checks every command itself:
+#   status 0  found: prints the scheduler job id (nothing for hosts without a scheduler);
+#   status 1  not found: prints nothing, and mmt_submit runs;
+#   other     it could not tell (mmt_fail, 2): nothing is submitted and the try fails.
 
 # ---- Checks of every value Mado passes in. Keep them: they refuse injection attempts. ----
 
@@ -97,4 +104,21 @@ mmt_exported() {
 
 mmt_job_name() {
     echo "mmt-${MMT_JOB_IDS%%,*}"
+}
+
+# mmt_find's answer from the scheduler job ids in $1, one a line (one per job or array task): the
+# first one submitted (status 0), or status 1 when there is none.
+mmt_found_id() {
+    local ids id
+    ids=$(printf '%s\n' "$1" | awk 'NF { print $1 }' | sort -n -u)
+    [ -n "$ids" ] || return 1
+    id=$(printf '%s\n' "$ids" | head -n 1)
+    [[ $id =~ ^[A-Za-z0-9][][A-Za-z0-9._:-]{0,199}$ ]] || mmt_fail "The scheduler listed $(mmt_job_name) as $id."
+    if [ "$id" != "$ids" ]; then
+        printf 'mado job shell: %s is in the queue more than once (%s); keeping %s.\n' \
+            "$(mmt_job_name)" "${ids//$'\n'/ }" "$id" >&2
+    fi
+    printf 'mado job shell: %s was submitted by an earlier try as %s; not submitting it again.\n' \
+        "$(mmt_job_name)" "$id" >&2
+    printf '%s\n' "$id"
 }

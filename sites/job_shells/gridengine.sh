@@ -47,6 +47,21 @@ BATCH
     printf '%s\n' "$id" >&3
 }
 
+# qstat cuts names to 10 characters; -r adds each job's "Full jobname:" line. A job being
+# deleted (state d) does not count. An array lists one line per task, all with the array's id.
+mmt_find() {
+    local user out
+    mmt_check_values
+    user=$(id -un) || mmt_fail "id -un cannot name this account."
+    out=$(qstat -u "$user" -r) ||
+        mmt_fail "qstat cannot list your jobs, so whether $(mmt_job_name) was submitted is unknown."
+    out=$(printf '%s\n' "$out" | awk -v name="$(mmt_job_name)" '
+        $1 ~ /^[0-9]+$/ { id = ($5 ~ /d/) ? "" : $1 }
+        $1 == "Full" && $2 == "jobname:" && $3 == name && id != "" { print id }') ||
+        mmt_fail "awk cannot read qstat's answer."
+    mmt_found_id "$out"
+}
+
 mmt_cancel() {
     mmt_check_cancel_values
     qdel "$MMT_SCHEDULER_JOB_ID"

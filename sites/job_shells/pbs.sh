@@ -45,6 +45,16 @@ BATCH
     printf '%s\n' "$id" >&3
 }
 
+# qselect lists an array once, by the id qsub printed (12345[].server); finished jobs are not listed.
+mmt_find() {
+    local user out
+    mmt_check_values
+    user=$(id -un) || mmt_fail "id -un cannot name this account."
+    out=$(qselect -N "$(mmt_job_name)" -u "$user") ||
+        mmt_fail "qselect cannot list your jobs, so whether $(mmt_job_name) was submitted is unknown."
+    mmt_found_id "$out"
+}
+
 mmt_cancel() {
     mmt_check_cancel_values
     qdel "$MMT_SCHEDULER_JOB_ID"

@@ -57,6 +57,16 @@ BATCH
     printf '%s\n' "$id" >&3
 }
 
+# The array's own id for an array (%F), as sbatch printed it; pending and running jobs only.
+mmt_find() {
+    local user out
+    mmt_check_values
+    user=$(id -un) || mmt_fail "id -un cannot name this account."
+    out=$(squeue --noheader --user="$user" --name="$(mmt_job_name)" --format=%F) ||
+        mmt_fail "squeue cannot list your jobs, so whether $(mmt_job_name) was submitted is unknown."
+    mmt_found_id "$out"
+}
+
 mmt_cancel() {
     mmt_check_cancel_values
     scancel "$MMT_SCHEDULER_JOB_ID"

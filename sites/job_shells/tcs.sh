@@ -51,6 +51,19 @@ BATCH
     printf '%s\n' "$id" >&3
 }
 
+# pjstat lists a bulk job once, by the id pjsub printed; the name filter may match more than the
+# exact name, so the JOB_NAME column is compared too.
+mmt_find() {
+    local user out
+    mmt_check_values
+    user=$(id -un) || mmt_fail "id -un cannot name this account."
+    out=$(pjstat --filter "jnam=$(mmt_job_name)" --filter "usr=$user" --choose jid,jnam) ||
+        mmt_fail "pjstat cannot list your jobs, so whether $(mmt_job_name) was submitted is unknown."
+    out=$(printf '%s\n' "$out" | awk -v name="$(mmt_job_name)" '$2 == name && $1 ~ /^[0-9]/ { print $1 }') ||
+        mmt_fail "awk cannot read pjstat's answer."
+    mmt_found_id "$out"
+}
+
 mmt_cancel() {
     mmt_check_cancel_values
     pjdel "$MMT_SCHEDULER_JOB_ID"

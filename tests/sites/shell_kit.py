@@ -55,10 +55,18 @@ class Rendered:
     values: shells.ShellValues
     spec_dirs: list[Path]
     work: Path
+    content: str = ""
 
     @property
     def spec_dir(self) -> Path:
         return self.spec_dirs[0]
+
+    def adopting(self, name: str = "adopt.sh") -> Path:
+        """The same submission rendered again with adopt=True (the launcher's next try after the
+        answer to this one was lost), written next to the first script."""
+        script = self.script.with_name(name)
+        script.write_text(shells.render_submit(self.content, self.values, title="test adopt", adopt=True))
+        return script
 
 
 def prepare(tmp_path: Path, template: str, *, job_ids=(101,), variables=None, gpu_count=0,
@@ -78,9 +86,9 @@ def prepare(tmp_path: Path, template: str, *, job_ids=(101,), variables=None, gp
                                 project_id=3, target_id=7, gpu_count=gpu_count, walltime_seconds=walltime_seconds,
                                 variables=dict(variables or {}))
     script = tmp_path / "submit.sh"
-    script.write_text(shells.render_submit(content or shells.builtin_template(template), values,
-                                           title=f"test {template}"))
-    return Rendered(script, values, spec_dirs, work)
+    content = content or shells.builtin_template(template)
+    script.write_text(shells.render_submit(content, values, title=f"test {template}"))
+    return Rendered(script, values, spec_dirs, work, content)
 
 
 def standin(bin_dir: Path, name: str, *, stdout: str = "", stderr: str = "", code: int = 0) -> None:

@@ -46,7 +46,7 @@ def test_every_rendered_template_passes_bash_n_and_shellcheck(tmp_path, template
     cancel = tmp_path / "cancel.sh"
     cancel.write_text(shells.render_cancel(shells.builtin_template(template), scheduler_job_id="4242",
                                            target_id=7, variables={"GROUP": "gp42"}))
-    for script in (rendered.script, cancel):
+    for script in (rendered.script, rendered.adopting(), cancel):
         assert subprocess.run(["bash", "-n", str(script)], capture_output=True, check=False).returncode == 0
         result = shellcheck(script)
         assert result.returncode == 0, result.stdout
@@ -66,6 +66,25 @@ def test_the_rendered_script_sets_eu_umask_077_and_exports_every_variable_before
         "export MMT_WALLTIME=30:00:01", "export MMT_PROJECT_ID=3", "export MMT_TARGET_ID=7",
         "export MMT_VAR_PARTITION=gpu"]
     assert text.rstrip().endswith("# ---- end of job shell ----\n\nmmt_submit")
+
+
+@pytest.mark.parametrize("template", Template.values)
+def test_every_template_defines_mmt_find_and_adopting_calls_it_before_mmt_submit(tmp_path, template):
+    assert shells.defines(shells.builtin_template(template), "mmt_find")
+    text = prepare(tmp_path, template).adopting().read_text()
+    tail = text.split("# ---- end of job shell ----")[1]
+    assert tail.startswith("\n\nmmt_find_status=0\nmmt_found=$(mmt_find) || mmt_find_status=$?\n")
+    assert "1) mmt_submit ;;" in tail
+
+
+def test_an_owners_job_shell_without_mmt_find_is_valid_and_adopting_submits_again(tmp_path):
+    content = "mmt_submit() { echo 99; }\nmmt_cancel() { :; }\n"
+    shells.validate_content(content)  # mmt_find is optional
+    rendered = prepare(tmp_path, "slurm", content=content)
+    text = rendered.adopting().read_text()
+    assert "mmt_find" not in text.replace("defines no mmt_find", "")
+    assert text.rstrip().endswith("submitting again.\nmmt_submit")
+    assert run(rendered.adopting()).stdout == "99\n"
 
 
 def test_walltime_is_hh_mm_ss_with_hours_past_24():
