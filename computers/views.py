@@ -46,11 +46,14 @@ from computers.forms import (
     gpu_label,
 )
 from computers.models import ComputeTarget, ConnectionCheck, DirectoryRead
+from mado import access as identity
 from mado.dialogs import dialog
 from mado.errors import ServiceError
 from mado.forms import add_service_error as shared_add_service_error
 from mado.services import Actor
 from mado.validation import BIGINT_MAX, as_int
+from sites import services as site_services
+from sites import views as site_views
 
 POLL = "every 1s"
 MULTI_VALUED = ("runtimes", "gpu_detected")
@@ -108,10 +111,14 @@ def _list_context(request) -> dict:
     for computer in computers:
         computer.manageable = access.can_manage(user, computer)
         computer.usable = computer.manageable or computer.pk in usable_ids
-    return {"computers": computers, "can_add": access.can_add(user, Kind.SSH)}
+    # Anyone signed in adds sites (seed 003); service accounts add nothing.
+    can_add = access.can_add(user, Kind.SITE) and not identity.is_service_user(user)
+    return {"computers": computers, "can_add": can_add}
 
 
 def _details_context(request, target: ComputeTarget, **extra) -> dict:
+    if target.kind == Kind.SITE:
+        return site_views.site_details_context(request, target, **extra)
     user = request.user
     manageable = access.can_manage(user, target)
     succeeded = _last_succeeded(target)
@@ -142,7 +149,10 @@ def computer_set_enabled(request, pk):
     target = access.managed_for(request.user, pk)
     enabled = request.POST.get("enabled") == "1"
     try:
-        services.set_enabled(Actor.from_request(request), target, enabled)
+        if target.kind == Kind.SITE:  # a site's paths live in its site settings
+            site_services.update_site(Actor.from_request(request), target, {"enabled": enabled})
+        else:
+            services.set_enabled(Actor.from_request(request), target, enabled)
     except ServiceError as error:
         message = error.message
         if error.code == "invalid_computer" and set(error.fields) <= set(PATH_FIELDS):
@@ -215,8 +225,10 @@ def computer_apply_suggested(request, pk):
 @login_required
 @require_http_methods(["GET", "POST"])
 def computer_add(request):
-    if not access.can_add(request.user, Kind.SSH):
-        raise PermissionDenied(_("Only global administrators can add SSH and Local computers."))
+    """Global administrators choose the Type; everyone else (and Type Site) gets the one-screen site form."""
+    kind = request.POST.get("kind") if request.method == "POST" else request.GET.get("kind")
+    if not access.can_add(request.user, Kind.SSH) or kind == Kind.SITE:
+        return site_views.add_site(request)
     workers = access.workers_to_choose(request.user)
     if request.method == "GET" or _action(request) == "refresh":
         initial = initial_from(request.POST) if request.method == "POST" else {}
@@ -284,6 +296,8 @@ def _submit_connection(request, form: ConnectionForm, *, target: ComputeTarget |
 def _render_connection(request, form: ConnectionForm, *, target=None, check=None, error=None):
     chosen = form.chosen_worker()
     kind = target.kind if target is not None else (form["kind"].value() or Kind.SSH)
+    if target is None:  # Type also offers Site, whose form replaces this one
+        form.fields["kind"].choices = [*form.fields["kind"].choices, (Kind.SITE.value, Kind.SITE.label)]
     context = {
         "form": form,
         "target": target,

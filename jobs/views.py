@@ -29,7 +29,8 @@ from django_htmx.http import HttpResponseStopPolling
 
 from jobs import access, services
 from jobs.charts import job_charts
-from jobs.choices import ACTIVE_STATUSES
+from computers.choices import Kind
+from jobs.choices import ACTIVE_STATUSES, JobStatus
 from jobs.forms import JobForm, add_service_error
 from jobs.models import Job
 from mado import access as identity
@@ -38,6 +39,9 @@ from mado.dialogs import dialog, dialog_done
 from mado.errors import ServiceError
 from mado.services import Actor
 from mado.validation import BIGINT_MAX, as_int
+from sites.choices import SubmissionMethod
+from sites.models import SiteSettings
+from sites.views import manual_instructions
 
 LIST_PAGE = 50
 LOG_TAIL = 2000   # chunks shown when the page opens; the whole log is a download away
@@ -76,7 +80,26 @@ def job_list(request, project):
     }
     if request.htmx and request.GET.get("fragment") == "list":
         return render(request, "jobs/partials/_job_list.html", context)
+    # Shown above the list, outside the part that polls, so an opened "first time" section stays open.
+    context["manual_sites"] = _manual_sites(request, project, list(page))
     return render(request, "jobs/job_list.html", context)
+
+
+def _manual_sites(request, project, jobs: list) -> list[dict]:
+    """The instructions of each manual site that Jobs on this page are waiting for (seed 003, "Submit
+    manually"): one block per computer, whatever the number of Jobs waiting."""
+    waiting = {job.target_id: job.target for job in jobs if job.status == JobStatus.WAITING_MANUAL}
+    manual = SiteSettings.objects.filter(target_id__in=waiting, submission=SubmissionMethod.MANUAL)
+    return [manual_instructions(request, waiting[site.target_id], project)
+            for site in manual.order_by("target__name")]
+
+
+def _manual_for(request, job: Job) -> dict | None:
+    if job.status != JobStatus.WAITING_MANUAL or job.target is None or job.target.kind != Kind.SITE:
+        return None
+    if not SiteSettings.objects.filter(target=job.target, submission=SubmissionMethod.MANUAL).exists():
+        return None
+    return manual_instructions(request, job.target, job.project)
 
 
 # New job ----------------------------------------------------------------------------------------
@@ -98,10 +121,19 @@ def job_create(request, project):
         # Choosing another computer reloads the fields that depend on it (HTMX), or the whole form
         # (the Show options button without JavaScript); what was typed comes along in the query.
         form = JobForm(user=request.user, initial=_initial_from(request.GET))
-    context = {"project": project, "form": form}
+    context = {"project": project, "form": form, "manual": _manual_target(request, form.target, project)}
     if request.htmx and request.GET.get("fragment") == "computer":
         return render(request, "jobs/partials/_computer_fields.html", context)
     return render(request, "jobs/job_create.html", context)
+
+
+def _manual_target(request, target, project) -> dict | None:
+    """A chosen manual site: the form shows before creating how its Jobs get submitted."""
+    if target is None or target.kind != Kind.SITE:
+        return None
+    if not SiteSettings.objects.filter(target=target, submission=SubmissionMethod.MANUAL).exists():
+        return None
+    return manual_instructions(request, target, project)
 
 
 def _initial_from(query) -> dict:
@@ -209,6 +241,7 @@ def _panels(request, job: Job) -> dict:
         "charts_truncated": charts_truncated,
         "artifacts": artifacts,
         "parameters": json.dumps(job.parameters, indent=2, ensure_ascii=False, sort_keys=True),
+        "manual": _manual_for(request, job),
         "version": hashlib.sha256(version.encode()).hexdigest()[:16],
     }
 
@@ -258,7 +291,7 @@ def job_stop(request, project, pk):
         else:
             return dialog_done(request, "jobsChanged", back)
     context = {"project": job.project, "job": job, "refusal": access.stop_refusal(request.user, job),
-               "error": error, "origin": origin or "detail", "queued": job.status == "queued"}
+               "error": error, "origin": origin or "detail", "queued": job.status in (JobStatus.QUEUED, JobStatus.WAITING_MANUAL)}
     # A refusal (the job ended meanwhile) is shown in the dialog with 200: htmx swaps no 4xx answer.
     return dialog(request, "jobs/partials/_stop_dialog.html", context, back=back, page="jobs/dialog_page.html")
 

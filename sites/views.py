@@ -1,25 +1,53 @@
-"""Global administration → Launchers: register a launcher (its token shown once), recreate its token,
-revoke it. Superusers only; the same services as the launcher API (sites.launchers)."""
+"""Global administration → Launchers (register a launcher, its token shown once, recreate its token,
+revoke it; superusers only, through sites.launchers), and the pages of site computers (seed 003): the
+site form of Add computer and Edit site, and a site's details below the Computers list — job shell
+versions, keys, My settings, manual submission and connection checks (through sites.services)."""
 from __future__ import annotations
 
 import json
+from urllib.parse import urlencode
 
 from django import forms
+from django.conf import settings
+from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
-from django.shortcuts import get_object_or_404, render
+from django.http import Http404, HttpResponse
+from django.shortcuts import get_object_or_404, redirect, render
+from django.template.loader import render_to_string
 from django.urls import reverse
 from django.utils.translation import gettext_lazy as _
-from django.views.decorators.http import require_http_methods
+from django.views.decorators.http import require_GET, require_http_methods, require_POST
+from django_htmx.http import HttpResponseStopPolling, push_url, reswap, retarget
 
+from computers import access as computer_access
+from computers.choices import CheckStatus, Kind
+from computers.models import ConnectionCheck
 from mado import access
 from mado.dialogs import dialog, dialog_done
 from mado.errors import ServiceError
 from mado.forms import add_service_error
 from mado.models import Project
 from mado.services import Actor
-from sites import launchers
-from sites.models import Launcher
+from sites import known_hosts as kh
+from sites import launchers, services
+from sites.choices import MAX_KNOWN_HOSTS_BYTES, AccountKind, SubmissionMethod
+from sites.forms import (
+    AUTOMATIC_FIELDS,
+    JobShellForm,
+    MySettingsForm,
+    SiteForm,
+    add_errors,
+    duration_text,
+    site_initial,
+    variables_text,
+)
+from sites.models import JobShell, Launcher, LauncherKey
+
+try:  # the launcher's connection checks (sites/checks.py) arrive separately
+    from sites import checks as site_checks
+except ImportError:  # pragma: no cover - until sites.checks lands
+    site_checks = None
 
 PAGE = "sites/dialog_page.html"
 
@@ -107,3 +135,369 @@ def _token_shown_once(request, launcher, plaintext):
     if request.htmx:
         response["HX-Trigger"] = json.dumps({"launchersChanged": True})
     return response
+
+
+# Site computers (seed 003): Add computer with Type Site, the details below the list, Edit site -------
+
+DETAILS = "computers/partials/_computer_details.html"
+COMPUTER_PAGE = "computers/dialog_page.html"
+
+
+def add_site(request):
+    """Add computer for a site: the one-screen form (global administrators reach it by choosing Site
+    in Type, everyone else gets only this). Called by computers.views.computer_add."""
+    if identity_is_service(request.user):
+        raise PermissionDenied(_("Service accounts cannot add computers; a person adds the site and owns it."))
+    action = request.POST.get("action", "") if request.method == "POST" else ""
+    if request.method == "GET" or action == "refresh":
+        form = SiteForm(initial=_refresh_initial(request.POST) if request.method == "POST" else {})
+        return _render_site_form(request, form)
+    form = SiteForm(request.POST)
+    if form.is_valid():
+        try:
+            target = services.create_site(Actor.from_request(request), form.site_values())
+        except ServiceError as error:
+            add_errors(form, error)
+        else:
+            return _saved(request, target)
+    return _render_site_form(request, form)
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def site_edit(request, pk):
+    """Edit site: the same screen as Add computer without the template (the job shell is versioned in
+    the details). Owners and global administrators."""
+    target, site = _managed_site(request, pk)
+    action = request.POST.get("action", "") if request.method == "POST" else ""
+    if request.method == "GET" or action == "refresh":
+        initial = _refresh_initial(request.POST) if request.method == "POST" else site_initial(target, site)
+        form = SiteForm(initial=initial, editing=True, current_launcher=site.launcher)
+        return _render_site_form(request, form, target=target)
+    form = SiteForm(request.POST, editing=True, current_launcher=site.launcher)
+    if form.is_valid():
+        try:
+            target = services.update_site(Actor.from_request(request), target, form.site_values())
+        except ServiceError as error:
+            add_errors(form, error)
+        else:
+            return _saved(request, target)
+    return _render_site_form(request, form, target=target)
+
+
+def _render_site_form(request, form: SiteForm, *, target=None):
+    if form.is_bound:
+        _surface_hidden_errors(form)
+    known_hosts = form["known_hosts"].value() or ""
+    context = {
+        "form": form,
+        "target": target,
+        "choose_kind": target is None and computer_access.can_add(request.user, Kind.SSH),
+        "kind_choices": [(Kind.SSH.value, Kind.SSH.label), *([(Kind.LOCAL.value, Kind.LOCAL.label)]
+                                                            if settings.DEV_MODE else []),
+                         (Kind.SITE.value, Kind.SITE.label)],
+        "fingerprints": _fingerprints(known_hosts),
+        "action": reverse("site-edit", args=[target.pk]) if target else reverse("computer-add"),
+    }
+    title = _("Edit site %(name)s") % {"name": target.name} if target else _("Add computer")
+    return dialog(request, "sites/partials/_site_form.html", {**context, "page_title": title},
+                  back=reverse("computers"), page=COMPUTER_PAGE)
+
+
+def _surface_hidden_errors(form: SiteForm) -> None:
+    """A refusal about a field this choice of method or account does not show goes above the form."""
+    hidden = set(AUTOMATIC_FIELDS) if form.manual else (set() if form.shared else {"ssh_user"})
+    for name in sorted(hidden & set(form.errors)):
+        for message in form.errors[name]:
+            form.add_error(None, f"{form.fields[name].label}: {message}")
+
+
+def _refresh_initial(data) -> dict:
+    """A re-drawn form (another Type, Submission method or Account) keeps what was typed, without errors."""
+    initial = {key: data.get(key) for key in data if key not in ("csrfmiddlewaretoken", "action", "runtimes")}
+    initial["runtimes"] = data.getlist("runtimes")
+    return initial
+
+
+@login_required
+@require_POST
+def known_hosts_fingerprints(request):
+    """The fingerprints of pasted known_hosts, shown under the field while the owner compares them with
+    the ones the site publishes."""
+    text = request.POST.get("known_hosts", "")
+    if len(text.encode("utf-8")) > MAX_KNOWN_HOSTS_BYTES:
+        return render(request, "sites/partials/_fingerprints.html",
+                      {"fingerprints": {"error": _("known_hosts is larger than 64 KiB; paste only this site's lines."),
+                                        "keys": []}})
+    return render(request, "sites/partials/_fingerprints.html", {"fingerprints": _fingerprints(text)})
+
+
+def _fingerprints(text: str) -> dict:
+    try:
+        return {"keys": [key.display() for key in kh.parse(text or "")], "error": ""}
+    except kh.KnownHostsError as exc:
+        return {"keys": [], "error": str(exc)}
+
+
+def _saved(request, target):
+    """After Save: the site's details open below the list (as for other computers), the list refreshes
+    and the dialog closes once the details are in."""
+    url = reverse("computer-detail", args=[target.pk])
+    if not request.htmx:
+        return redirect(url)
+    target = computer_access.detail_for(request.user, target.pk)
+    content = render_to_string(DETAILS, site_details_context(request, target), request=request)
+    response = HttpResponse(content)
+    response["HX-Trigger"] = json.dumps({"computersChanged": True})
+    response["HX-Trigger-After-Swap"] = json.dumps({"closeDialog": True})
+    return push_url(reswap(retarget(response, "#computer-details"), "outerHTML"), url)
+
+
+# The details of a site ------------------------------------------------------------------------------
+
+def site_details_context(request, target, **extra) -> dict:
+    """What the details of a site show to this user: the summary, the job shell and its versions, the
+    keys, My settings, the manual instructions and the connection checks."""
+    user = request.user
+    site = services.site_settings_of(target)
+    manageable = computer_access.can_manage(user, target)
+    usable = computer_access.can_use(user, target)
+    service_user = identity_is_service(user)
+    owner = target.owner_id == user.pk
+    mine = services.my_settings(user, target)
+    versions = list(JobShell.objects.filter(target=target).select_related("created_by").order_by("-version")[:50])
+    current = versions[0] if versions else None
+    automatic = site.submission == SubmissionMethod.AUTOMATIC
+    context = {
+        "target": target,
+        "site": site,
+        "is_site": True,
+        "manageable": manageable,
+        "see_connection": manageable,
+        "usable": usable,
+        "automatic": automatic,
+        "fingerprints": _fingerprints(site.known_hosts) if manageable else None,
+        "variables_text": variables_text(site.variables),
+        "queue_timeout": duration_text(site.queue_timeout_seconds),
+        "current_shell": current,
+        "versions": versions,
+        "shell_form": JobShellForm(initial={"content": current.content if current else ""}),
+        # The seed's "Before using someone else's computer": where a job shell would run under the
+        # reader's own account (own-account or manual sites) on a computer someone else owns.
+        "trust_warning": not owner and site.runs_under_own_account,
+        "my_settings_open": usable and not service_user and site.uses_personal_accounts,
+        "manual_settings_note": usable and not service_user and site.submission == SubmissionMethod.MANUAL,
+        "service_user": service_user,
+        "my_settings": mine,
+        "my_form": MySettingsForm(initial={"account_name": mine.account_name, "working_dir": mine.working_dir,
+                                           "variables": variables_text(mine.variables)} if mine else None),
+        "shared_key": _key(target, site, None) if manageable and automatic and site.account == AccountKind.SHARED
+        else None,
+        "my_key": _key(target, site, user) if mine is not None and site.uses_personal_accounts else None,
+        "manual": _manual_context(request, target) if not automatic else None,
+        "checks": site_checks_context(request, target, site, manageable=manageable, mine=mine),
+    }
+    context.update(extra)
+    return context
+
+
+def _key(target, site, user) -> dict:
+    """The public key this site's launcher published for the shared account (user None) or for `user`."""
+    keys = LauncherKey.objects.filter(target=target, user=user)
+    if site.launcher_id:
+        keys = keys.filter(launcher_id=site.launcher_id)
+    key = keys.order_by("-created_at").first()
+    return {"key": key, "launcher": site.launcher}
+
+
+def _manual_context(request, target) -> dict:
+    return manual_instructions(request, target)
+
+
+def manual_instructions(request, target, project=None) -> dict:
+    """The commands of "Submit manually" with this computer's ID and this server's URL; `project` gives
+    the link that issues a token with read and jobs:write (the Jobs page)."""
+    token_url = None
+    if project is not None:
+        token_url = reverse("personal-token-create", args=[project.slug]) + "?" + urlencode(
+            [("scopes", "read"), ("scopes", "jobs:write")])
+    return {
+        "computer_id": target.pk,
+        "computer": target,
+        "api_url": request.build_absolute_uri("/").rstrip("/"),
+        "token_url": token_url,
+        "trust_warning": target.owner_id != request.user.pk,
+        "is_owner": target.owner_id == request.user.pk,
+    }
+
+
+def site_checks_context(request, target, site, *, manageable: bool, mine) -> dict | None:
+    """Check connection: the shared account's by owners and global administrators, one's own account
+    after My settings. None when sites.checks (the launcher's connection checks) is not installed."""
+    if site.submission != SubmissionMethod.AUTOMATIC or site_checks is None:
+        return None
+    shared = manageable and site.account == AccountKind.SHARED
+    own = mine is not None and site.uses_personal_accounts
+    if not (shared or own):
+        return None
+    return {"mine": own and not shared,
+            "latest": check_view(_latest_check(target, request.user if own and not shared else None)), "error": ""}
+
+
+def _latest_check(target, user):
+    return (ConnectionCheck.objects.filter(target=target, site_user=user).select_related("launcher")
+            .order_by("-created_at", "-id").first())
+
+
+CHECK_TEXT = {
+    CheckStatus.QUEUED: _("Waiting for the launcher to pick up the check…"),
+    CheckStatus.CLAIMED: _("The launcher is logging in…"),
+}
+
+
+def check_view(check) -> dict | None:
+    if check is None:
+        return None
+    result = check.result or {}
+    return {"obj": check, "id": check.pk, "open": check.is_open, "status": check.status,
+            "status_text": CHECK_TEXT.get(check.status) or CheckStatus(check.status).label,
+            "error": result.get("error") or "" if isinstance(result, dict) else "",
+            "account_name": check.account_name, "finished_at": check.finished_at}
+
+
+@login_required
+@require_POST
+def site_check_request(request, pk):
+    """Check connection: the launcher logs in with the key and account (shared, or the caller's own)."""
+    target = computer_access.detail_for(request.user, pk)
+    site = services.site_settings_of(target)
+    mine = request.POST.get("mine") == "1"
+    error = ""
+    try:
+        if site_checks is None:
+            raise ServiceError(str(_("Connection checks of sites are not available on this server yet.")),
+                               "checks_unavailable")
+        site_checks.request_site_check(Actor.from_request(request), target, mine=mine)
+    except ServiceError as failure:
+        error = failure.message
+    if not request.htmx:
+        if error:
+            messages.error(request, error)
+        return redirect(reverse("computer-detail", args=[target.pk]) + "#site-check")
+    panel = {"mine": mine, "latest": check_view(_latest_check(target, request.user if mine else None)),
+             "error": error}
+    return render(request, "sites/partials/_site_check.html", {"target": target, "site": site, "checks": panel})
+
+
+@login_required
+@require_GET
+def site_check_status(request, pk, check_id):
+    """The check's progress, polled every second; 286 once it ended."""
+    target = computer_access.detail_for(request.user, pk)
+    site = services.site_settings_of(target)
+    check = get_object_or_404(ConnectionCheck, pk=check_id, target=target)
+    mine = check.site_user_id is not None
+    if (mine and check.site_user_id != request.user.pk) or (not mine and not computer_access.can_manage(
+            request.user, target)):
+        raise Http404("No such check of yours.")
+    if site_checks is not None and hasattr(site_checks, "expire_stale"):
+        site_checks.expire_stale()
+        check.refresh_from_db()
+    panel = {"mine": mine, "latest": check_view(check), "error": ""}
+    content = render_to_string("sites/partials/_site_check.html", {"target": target, "site": site, "checks": panel},
+                               request=request)
+    return HttpResponse(content) if check.is_open else HttpResponseStopPolling(content)
+
+
+@login_required
+@require_POST
+def site_job_shell_save(request, pk):
+    """Save the job shell: a new version only when the content differs from the current one."""
+    target = computer_access.detail_for(request.user, pk)
+    if target.kind != Kind.SITE:
+        raise Http404("This computer is not a site.")
+    if not computer_access.can_manage(request.user, target):
+        raise PermissionDenied(_("Only the computer's owner and global administrators can save its job shell."))
+    form = JobShellForm(request.POST)
+    form.is_valid()
+    outcome = None
+    try:
+        shell, created = services.save_job_shell(Actor.from_request(request), target,
+                                                 form.cleaned_data.get("content", ""))
+    except ServiceError as error:
+        add_errors(form, error)
+    else:
+        outcome = {"created": created, "version": shell.version}
+        form = JobShellForm(initial={"content": shell.content})
+    context = site_details_context(request, target, shell_form=form, shell_outcome=outcome)
+    if not request.htmx:
+        if outcome:
+            messages.success(request, _shell_message(outcome))
+            return redirect(reverse("computer-detail", args=[target.pk]) + "#job-shell")
+        messages.error(request, " ".join(str(e) for errors in form.errors.values() for e in errors))
+        return redirect(reverse("computer-detail", args=[target.pk]) + "#job-shell")
+    return render(request, "sites/partials/_job_shell.html", context)
+
+
+def _shell_message(outcome: dict) -> str:
+    if outcome["created"]:
+        return _("Saved as version %(version)s.") % {"version": outcome["version"]}
+    return _("The content is the same as version %(version)s; no new version was made.") % {
+        "version": outcome["version"]}
+
+
+@login_required
+@require_GET
+def site_job_shell_version(request, pk, version):
+    """One version of the job shell, old or current: everyone who may use the site reads it (it runs
+    under their Jobs)."""
+    target = computer_access.detail_for(request.user, pk)
+    shell = get_object_or_404(JobShell.objects.select_related("created_by"), target=target, version=version)
+    context = {"target": target, "shell": shell, "page_title": _("Job shell version %(version)s") % {
+        "version": shell.version}}
+    return dialog(request, "sites/partials/_job_shell_version.html", context,
+                  back=reverse("computer-detail", args=[target.pk]), page=COMPUTER_PAGE)
+
+
+@login_required
+@require_POST
+def site_my_settings(request, pk):
+    """Save My settings: the account name, working directory and variables of the caller."""
+    if identity_is_service(request.user):
+        raise PermissionDenied(_("Service accounts cannot have their own settings."))
+    target = computer_access.detail_for(request.user, pk)
+    form = MySettingsForm(request.POST)
+    form.is_valid()
+    saved = False
+    try:
+        services.save_my_settings(Actor.from_request(request), target, {
+            "account_name": form.cleaned_data.get("account_name", ""),
+            "working_dir": form.cleaned_data.get("working_dir", ""),
+            "variables": form.cleaned_data.get("variables", "")})
+    except ServiceError as error:
+        add_errors(form, error)
+    else:
+        saved = True
+    if not request.htmx:
+        if saved:
+            messages.success(request, _("Saved your settings."))
+        else:
+            messages.error(request, " ".join(str(e) for errors in form.errors.values() for e in errors))
+        return redirect(reverse("computer-detail", args=[target.pk]) + "#my-settings")
+    if saved:  # the key section and Check connection depend on My settings: redraw the whole details
+        content = render_to_string(DETAILS, site_details_context(request, target, my_saved=True), request=request)
+        return HttpResponse(content)
+    context = site_details_context(request, target, my_form=form)
+    content = render_to_string(DETAILS, context, request=request)
+    return HttpResponse(content)
+
+
+def _managed_site(request, pk):
+    target = computer_access.managed_for(request.user, pk)
+    if target.kind != Kind.SITE:
+        raise Http404("This computer is not a site.")
+    return target, services.site_settings_of(target)
+
+
+def identity_is_service(user) -> bool:
+    return access.is_service_user(user)
