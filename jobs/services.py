@@ -21,7 +21,7 @@ from computers import access as computer_access
 from computers.choices import Runtime
 from computers.models import ComputeTarget
 from jobs import access, outputs
-from jobs.choices import HELD_STATUSES, EndReason, JobStatus, Stream
+from jobs.choices import HELD_STATUSES, SITE_ACTIVE_STATUSES, EndReason, JobStatus, Stream
 from jobs.models import GpuReservation, Job, JobEvent, LogChunk, Metric
 from mado import access as identity
 from mado import services as identity_services
@@ -57,6 +57,10 @@ def create_job(actor: Actor, project, data: dict) -> Job:
         audit(actor, "job.create", job, project=project,
               after={"computer": job.target.name, "runtime": job.runtime, "gpu_ids": job.gpu_ids})
     notify(JOBS_CHANNEL)
+    if job.target.kind == "site":
+        from sites.submissions import SITES_CHANNEL
+
+        notify(SITES_CHANNEL)  # wakes the launcher's long-poll
     return job
 
 
@@ -80,6 +84,8 @@ def _clean_job(user, project, data: dict) -> tuple[dict, dict]:
         from sites.services import check_can_submit
 
         check_can_submit(user, target)  # 422 site_account_required until My settings are saved
+        if target.site_settings.submission == "manual":
+            values["status"] = JobStatus.WAITING_MANUAL  # until its requester runs mado-tracking submit
     values["target"] = target
     runtime = data.get("runtime") or Runtime.PYTHON
     if runtime not in target.runtimes:
@@ -334,8 +340,8 @@ def add_metrics(job: Job, metrics) -> int:
     return len(rows)
 
 
-def complete(worker: Worker, job_id: int, *, lease_id, status: str, exit_code=None, error: str = "",
-             end_reason: str | None = None) -> Job:
+def clean_completion(status: str, exit_code=None, end_reason: str | None = None) -> int | None:
+    """Validate a completion (a worker's, or a site runner's finish); returns the exit code."""
     if status not in (JobStatus.FINISHED, JobStatus.FAILED, JobStatus.CANCELED):
         raise ServiceError("status is finished, failed or canceled.", "invalid", fields={"status": ["Invalid."]})
     if exit_code is not None:
@@ -348,18 +354,30 @@ def complete(worker: Worker, job_id: int, *, lease_id, status: str, exit_code=No
     if end_reason is not None and end_reason not in EndReason.values:
         raise ServiceError(f"end_reason is one of {', '.join(EndReason.values)}.", "invalid",
                            fields={"end_reason": ["Unknown."]})
+    return exit_code
+
+
+def finish_completed(job: Job, status: str, *, exit_code=None, error: str = "", end_reason: str | None = None) -> str:
+    """End a locked, running job as its executor reported; returns the end reason."""
+    missing = outputs.missing_artifacts(job) if status == JobStatus.FINISHED else []
+    if missing:
+        raise Conflict(f"Upload the declared artifacts first: {', '.join(missing[:5])}"
+                       + (" …" if len(missing) > 5 else "") + ".", "artifacts_incomplete")
+    reason = end_reason or (EndReason.CANCELED if status == JobStatus.CANCELED else EndReason.EXIT_CODE)
+    _finish(job, status, reason, exit_code=exit_code, error=error)
+    return reason
+
+
+def complete(worker: Worker, job_id: int, *, lease_id, status: str, exit_code=None, error: str = "",
+             end_reason: str | None = None) -> Job:
+    exit_code = clean_completion(status, exit_code, end_reason)
     with transaction.atomic():
         job = leased(worker, job_id, lease_id)
         if job.is_terminal:
             if job.status == status:
                 return job  # the same completion resent
             raise Conflict(f"This job already ended as {job.status}.", "job_already_completed")
-        missing = outputs.missing_artifacts(job) if status == JobStatus.FINISHED else []
-        if missing:
-            raise Conflict(f"Upload the declared artifacts first: {', '.join(missing[:5])}"
-                           + (" …" if len(missing) > 5 else "") + ".", "artifacts_incomplete")
-        reason = end_reason or (EndReason.CANCELED if status == JobStatus.CANCELED else EndReason.EXIT_CODE)
-        _finish(job, status, reason, exit_code=exit_code, error=error)
+        reason = finish_completed(job, status, exit_code=exit_code, error=error, end_reason=end_reason)
         audit(Actor(worker.token.user), "job.complete", job, project=job.project,
               after={"status": status, "end_reason": reason, "exit_code": exit_code})
         _count_active(worker)
@@ -397,11 +415,15 @@ def request_stop(actor: Actor, job: Job) -> Job:
             job.save(update_fields=["stop_requested_at", "stop_requested_by"])
             _event(job, "stop_requested", f"Stop requested by {actor.user.username}")
             audit(actor, "job.stop_request", job, project=job.project, after={"status_then": job.status})
-        if job.status == JobStatus.QUEUED:
+        if job.status in (JobStatus.QUEUED, JobStatus.WAITING_MANUAL):
             # Nobody runs it yet: it ends at once.
             _finish(job, JobStatus.CANCELED, EndReason.CANCELED)
             audit(actor, "job.complete", job, project=job.project,
                   after={"status": JobStatus.CANCELED, "end_reason": EndReason.CANCELED, "exit_code": None})
+        elif job.status in SITE_ACTIVE_STATUSES and job.target.kind == "site":
+            from sites import submissions
+
+            submissions.stop(actor, job)  # a scheduler cancellation, or the runner's next heartbeat
     notify(JOBS_CHANNEL)
     return job
 

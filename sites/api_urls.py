@@ -1,6 +1,6 @@
 from django.urls import path
 
-from sites import api, launcher_api
+from sites import api, launcher_api, runner_api, submit_api
 
 urlpatterns = [
     path("sites", api.SiteListView.as_view(), name="api-sites"),
@@ -12,5 +12,25 @@ urlpatterns = [
     path("launchers", launcher_api.LauncherListView.as_view(), name="api-launchers"),
     path("launchers/<int:pk>/token", launcher_api.LauncherTokenView.as_view(), name="api-launcher-token"),
     path("launchers/<int:pk>/revoke", launcher_api.LauncherRevokeView.as_view(), name="api-launcher-revoke"),
+    path("sites/<int:pk>/submit", submit_api.SubmitSummaryView.as_view(), name="api-site-submit"),
+    path("sites/<int:pk>/submissions/claim", submit_api.SubmitClaimView.as_view(), name="api-site-submissions-claim"),
+    path("sites/<int:pk>/submissions/report", submit_api.SubmitReportView.as_view(),
+         name="api-site-submissions-report"),
     path("launcher/config", launcher_api.LauncherConfigView.as_view(), name="api-launcher-config"),
+    path("launcher/keys", launcher_api.LauncherKeysView.as_view(), name="api-launcher-keys"),
+    path("launcher/checks/<int:check_id>/complete", launcher_api.LauncherCheckCompleteView.as_view(),
+         name="api-launcher-check-complete"),
+    path("launcher/submissions/claim", launcher_api.LauncherClaimView.as_view(), name="api-launcher-claim"),
+    path("launcher/submissions/report", launcher_api.LauncherReportView.as_view(), name="api-launcher-report"),
+    path("launcher/cancellations/report", launcher_api.LauncherCancellationReportView.as_view(),
+         name="api-launcher-cancellations-report"),
+    path("runner/jobs/<int:job_id>/start", runner_api.RunnerStartView.as_view(), name="api-runner-start"),
+    path("runner/jobs/<int:job_id>/heartbeat", runner_api.RunnerHeartbeatView.as_view(), name="api-runner-heartbeat"),
+    path("runner/jobs/<int:job_id>/logs", runner_api.RunnerLogsView.as_view(), name="api-runner-logs"),
+    path("runner/jobs/<int:job_id>/metrics", runner_api.RunnerMetricsView.as_view(), name="api-runner-metrics"),
+    path("runner/jobs/<int:job_id>/outputs", runner_api.RunnerOutputsView.as_view(), name="api-runner-outputs"),
+    path("runner/jobs/<int:job_id>/artifacts/<path:path>", runner_api.RunnerArtifactView.as_view(),
+         name="api-runner-artifact"),
+    path("runner/jobs/<int:job_id>/source", runner_api.RunnerSourceView.as_view(), name="api-runner-source"),
+    path("runner/jobs/<int:job_id>/finish", runner_api.RunnerFinishView.as_view(), name="api-runner-finish"),
 ]

@@ -1,10 +1,12 @@
 """The launcher API (DESIGN §8): global administrators register launchers, recreate their tokens and
-revoke them; a launcher, with its `launcher:execute` token, reads its config. Launcher tokens reach
+revoke them; a launcher, with its `launcher:execute` token, reads its config, publishes its public
+keys, answers connection checks, claims and reports submissions and reports cancellations
+(docs/sites-protocol.md). Launcher tokens reach
 only the views here that set `allow_launcher_token` (mado.permissions refuses them everywhere else)."""
 from __future__ import annotations
 
 from django.shortcuts import get_object_or_404
-from drf_spectacular.utils import OpenApiTypes, extend_schema
+from drf_spectacular.utils import OpenApiParameter, OpenApiTypes, extend_schema
 from rest_framework import exceptions
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -14,8 +16,9 @@ from mado.choices import Scope
 from mado.errors import ServiceError
 from mado.models import Project
 from mado.services import Actor
-from sites import launchers
+from sites import checks, keys, launchers, submissions
 from sites.models import Launcher
+from workers.longpoll import MAX_WAIT_SECONDS
 
 
 def launcher_body(launcher: Launcher) -> dict:
@@ -85,23 +88,80 @@ class LauncherRevokeView(GlobalAdminView):
         return Response(launcher_body(launcher))
 
 
-class LauncherConfigView(APIView):
-    """What a launcher polls. Only a launcher token: people and other tokens are 403."""
+class LauncherView(APIView):
+    """Base of what a launcher calls. Only a launcher token: people and other tokens are 403."""
 
     allow_launcher_token = True
-    required_scopes = {"GET": Scope.LAUNCHER_EXECUTE}
+    required_scopes = {"GET": Scope.LAUNCHER_EXECUTE, "POST": Scope.LAUNCHER_EXECUTE}
 
     def initial(self, request, *args, **kwargs):
         super().initial(request, *args, **kwargs)
         if getattr(request.auth, "kind", None) != "launcher":
             raise exceptions.PermissionDenied("This endpoint takes a launcher token (scope launcher:execute).",
                                               code="launcher_token_required")
-
-    @extend_schema(operation_id="launcher_config", responses=OpenApiTypes.OBJECT)
-    def get(self, request):
-        launcher = launchers.launcher_for_token(request.auth.token)
-        if launcher is None:
+        self.launcher = launchers.launcher_for_token(request.auth.token)
+        if self.launcher is None:
             raise exceptions.PermissionDenied("This token belongs to no active launcher; recreate its token.",
                                               code="launcher_revoked")
-        return Response(launchers.config(launcher, hostname=request.headers.get("X-Launcher-Hostname", ""),
-                                         version=request.headers.get("X-Launcher-Version", "")))
+
+
+class LauncherConfigView(LauncherView):
+    @extend_schema(operation_id="launcher_config",
+                   parameters=[OpenApiParameter("wait", float, description="Seconds (0–30) to hold the answer "
+                                                "while there is nothing to do.")],
+                   responses=OpenApiTypes.OBJECT)
+    def get(self, request):
+        raw = request.query_params.get("wait", "0")
+        try:
+            wait = float(raw)
+        except ValueError:
+            wait = -1.0
+        if not 0 <= wait <= MAX_WAIT_SECONDS:
+            raise exceptions.ValidationError({"wait": [f"wait is a number of seconds from 0 to {MAX_WAIT_SECONDS}."]})
+        return Response(launchers.config(self.launcher, hostname=request.headers.get("X-Launcher-Hostname", ""),
+                                         version=request.headers.get("X-Launcher-Version", ""), wait=wait))
+
+
+class LauncherKeysView(LauncherView):
+    @extend_schema(operation_id="launcher_keys_publish", request=OpenApiTypes.OBJECT, responses=OpenApiTypes.OBJECT)
+    def post(self, request):
+        key = keys.publish_key(self.launcher, json_object(request))
+        return Response({"computer": key.target_id, "user": key.user_id, "fingerprint": key.fingerprint})
+
+
+class LauncherCheckCompleteView(LauncherView):
+    @extend_schema(operation_id="launcher_check_complete", request=OpenApiTypes.OBJECT,
+                   responses=OpenApiTypes.OBJECT)
+    def post(self, request, check_id):
+        check = checks.complete(self.launcher, check_id, json_object(request))
+        return Response({"id": check.pk, "status": check.status})
+
+
+class LauncherClaimView(LauncherView):
+    @extend_schema(operation_id="launcher_submissions_claim", request=OpenApiTypes.OBJECT,
+                   responses=OpenApiTypes.OBJECT)
+    def post(self, request):
+        body = json_object(request)
+        items = submissions.launcher_claim(self.launcher, body.get("computer"), body.get("limit"))
+        return _no_store(Response({"items": items}))
+
+
+class LauncherReportView(LauncherView):
+    @extend_schema(operation_id="launcher_submissions_report", request=OpenApiTypes.OBJECT,
+                   responses=OpenApiTypes.OBJECT)
+    def post(self, request):
+        jobs = submissions.report(Actor.from_request(request), json_object(request), launcher=self.launcher)
+        return Response({"jobs": jobs})
+
+
+class LauncherCancellationReportView(LauncherView):
+    @extend_schema(operation_id="launcher_cancellations_report", request=OpenApiTypes.OBJECT,
+                   responses=OpenApiTypes.OBJECT)
+    def post(self, request):
+        return Response(submissions.report_cancellation(self.launcher, json_object(request)))
+
+
+def _no_store(response: Response) -> Response:
+    """Claims carry job tokens: no cache keeps them."""
+    response["Cache-Control"] = "no-store"
+    return response

@@ -122,25 +122,53 @@ def launcher_for_token(token: ApiToken) -> Launcher | None:
     return Launcher.objects.filter(token=token, revoked_at__isnull=True).first()
 
 
-def config(launcher: Launcher, *, hostname: str = "", version: str = "") -> dict:
-    """What the launcher polls: the automatic sites it serves with everything it needs to log in, and
-    for personal-account sites the people who saved their account (one key each). Records that it was seen."""
+def config(launcher: Launcher, *, hostname: str = "", version: str = "", wait: float = 0) -> dict:
+    """What the launcher polls: the automatic sites it serves with everything it needs to log in (for
+    personal-account sites the people who saved their account, one key each), the keys it already
+    published, open connection checks and queued cancellations. With `wait`, held (long-poll) while
+    there is nothing to do. Records that it was seen."""
+    from sites.submissions import SITES_CHANNEL
+    from workers.longpoll import wait_for
+
     updates = {"last_seen_at": timezone.now()}
     if hostname:
         updates["hostname"] = hostname[:255]
     if version:
         updates["version"] = version[:64]
     Launcher.objects.filter(pk=launcher.pk).update(**updates)
+    latest: list[dict] = []
+
+    def work():
+        latest[:] = [_config(launcher)]
+        return latest[0] if has_work(latest[0]) else None
+
+    return wait_for(work, wait, SITES_CHANNEL) or latest[0]
+
+
+def has_work(body: dict) -> bool:
+    """A check or cancellation to run, or a Job the launcher could claim now."""
+    return bool(body["checks"] or body["cancellations"]
+                or any(s["enabled"] and s["claimable"] and s["free"] for s in body["sites"]))
+
+
+def _config(launcher: Launcher) -> dict:
+    from sites import checks, submissions
+
+    submissions.expire_overdue()
+    checks.expire_checks()
     sites = (SiteSettings.objects.filter(launcher=launcher, submission=SubmissionMethod.AUTOMATIC)
              .select_related("target").order_by("target_id"))
     return {
         "launcher": {"id": launcher.pk, "name": launcher.name},
         "poll_interval_seconds": POLL_INTERVAL_SECONDS,
-        "sites": [_site_config(site) for site in sites],
+        "sites": [_site_config(launcher, site) for site in sites],
+        "checks": checks.open_for(launcher),
+        "cancellations": submissions.cancellations(launcher),
     }
 
 
-def _site_config(site: SiteSettings) -> dict:
+def _site_config(launcher: Launcher, site: SiteSettings) -> dict:
+    from sites import keys, submissions
     from sites.services import current_job_shell
 
     target = site.target
@@ -152,6 +180,9 @@ def _site_config(site: SiteSettings) -> dict:
         "runner_python": site.runner_python, "runner_api_url": site.runner_api_url, "variables": site.variables,
         "max_active_submissions": site.max_active_submissions, "queue_timeout_seconds": site.queue_timeout_seconds,
         "job_shell": {"version": shell.version, "sha256": shell.sha256} if shell else None,
+        "claimable": submissions.waiting(site).count(),
+        "free": submissions.free_slots(site),
+        "keys": keys.keys_of(launcher, target),
     }
     if site.account == AccountKind.PERSONAL:
         accounts = SiteUserSettings.objects.filter(target=target).select_related("user").order_by("user_id")

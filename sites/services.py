@@ -293,15 +293,19 @@ def shell_values(target: ComputeTarget, jobs: list, *, work_dir: str | None = No
 
 
 def render_submission(target: ComputeTarget, jobs: list, *, job_shell: JobShell | None = None,
-                      **options) -> tuple[str, JobShell]:
-    """The script that submits `jobs`, and the job shell version it was made from."""
+                      adopt: bool = False, **options) -> tuple[str, JobShell]:
+    """The script that submits `jobs`, and the job shell version it was made from. `adopt`: the answer
+    to an earlier claim of these Jobs may have been lost, so the script first looks for the scheduler
+    job by its name."""
     job_shell = job_shell or current_job_shell(target)
     if job_shell is None:
         raise ServiceError(f"{target.name} has no job shell yet; its owner saves one first.", "job_shell_missing")
     values = shell_values(target, jobs, **options)
     title = (f"Mado Compute: job shell version {job_shell.version} of computer {target.pk} "
              f"(sha256 {job_shell.sha256[:12]}), Jobs {','.join(str(i) for i in values.job_ids)}")
-    return shells.render_submit(job_shell.content, values, title=title), job_shell
+    # Passed only when set, so the script of a first submission is what it always was.
+    extra = {"adopt": True} if adopt else {}
+    return shells.render_submit(job_shell.content, values, title=title, **extra), job_shell
 
 
 def render_cancellation(target: ComputeTarget, job_shell: JobShell, scheduler_job_id: str,

@@ -1,0 +1,172 @@
+"""Connection checks of sites (seed 003 "Keys and connection checks"): the site's launcher logs in as
+the shared account, or as one person's own account, with a fresh connection and runs `true`.
+
+A check is a ConnectionCheck row with its launcher set. The launcher sees open checks in its config
+(they become `claimed` when first handed out) and answers through POST /api/launcher/checks/{id}/complete.
+One nobody answered ends `expired`, as SSH checks do, after the launcher's 60 s plus the slack of
+its poll."""
+from __future__ import annotations
+
+import time
+from datetime import timedelta
+
+from django.db import IntegrityError, transaction
+from django.db.models import Q
+from django.utils import timezone
+
+from computers import access
+from computers.choices import OPEN_CHECK_STATUSES, CheckFailure, CheckStatus, ItemStatus
+from computers.models import ConnectionCheck
+from mado import access as identity
+from mado.errors import Conflict, Forbidden, ServiceError
+from mado.services import SYSTEM, Actor, audit
+from mado.validation import as_int
+from sites import services, shells
+from sites.choices import AccountKind, SubmissionMethod
+from sites.launchers import POLL_INTERVAL_SECONDS
+from sites.models import Launcher, SiteUserSettings
+from sites.submissions import SITES_CHANNEL
+from workers.longpoll import notify
+
+CHECK_SECONDS = 60  # the launcher's own limit for logging in and running `true`
+CHECK_TIMEOUT = timedelta(seconds=CHECK_SECONDS + 2 * POLL_INTERVAL_SECONDS)
+_last_expiry = 0.0
+
+
+def request_site_check(actor: Actor, target, *, mine: bool) -> ConnectionCheck:
+    """Shared account: the owner or a global administrator. Own account (`mine`): anyone who can use
+    the site and has saved My settings."""
+    user = actor.user
+    if user is None or not user.is_authenticated or identity.is_job_principal(user):
+        raise Forbidden("Sign in to check a site's connection.", "not_authenticated", status=401)
+    site = services.site_settings_of(target)
+    if site.submission != SubmissionMethod.AUTOMATIC:
+        raise ServiceError(f"{target.name} submits manually, so no launcher logs in to it; run "
+                           "mado-tracking submit --dry-run there instead.", "site_check_not_applicable")
+    if mine:
+        site_user, account_name = _own_account(user, target, site)
+    else:
+        if not access.can_manage(user, target):
+            raise Forbidden("Only the computer's owner and global administrators check the shared account; "
+                            "check your own account instead.", "not_owner")
+        if site.account != AccountKind.SHARED:
+            raise ServiceError(f"{target.name} runs Jobs under each person's own account: check your own "
+                               "account's connection.", "site_check_not_applicable")
+        site_user, account_name = None, site.ssh_user
+    launcher = site.launcher
+    if launcher is None or launcher.is_revoked:
+        raise Conflict(f"{target.name} has no active launcher to log in with; its owner chooses one.",
+                       "launcher_unavailable")
+    expire_checks(force=True)
+    try:
+        with transaction.atomic():
+            check = ConnectionCheck.objects.create(target=target, requested_by=user, launcher=launcher,
+                                                   site_user=site_user, account_name=account_name)
+            audit(actor, "site.check.request", target,
+                  after={"check": check.pk, "launcher": launcher.name, "account_name": account_name,
+                         "user": site_user.pk if site_user else None})
+    except IntegrityError:
+        raise Conflict("A connection check of this account is already waiting or running; wait for its result.",
+                       "target_check_in_progress") from None
+    notify(SITES_CHANNEL)
+    return check
+
+
+def _own_account(user, target, site):
+    if identity.is_service_user(user):
+        services.refuse_service_account(user)
+    if not access.can_use(user, target):
+        raise ServiceError("No site with this id that you can use.", "not_found", status=404)
+    if not site.uses_personal_accounts:
+        raise ServiceError(f"{target.name} runs every Job under its shared account; its owner checks that "
+                           "connection.", "site_check_not_applicable")
+    mine = SiteUserSettings.objects.filter(target=target, user=user).first()
+    if mine is None:
+        raise ServiceError(f"Save your account name in My settings of {target.name} first, register the public "
+                           "key shown there, then check.", "site_account_required")
+    return user, mine.account_name
+
+
+def open_for(launcher: Launcher) -> list[dict]:
+    """The checks the launcher should run now; handing one out marks it claimed."""
+    checks = list(ConnectionCheck.objects.filter(launcher=launcher, status__in=OPEN_CHECK_STATUSES)
+                  .order_by("created_at", "id"))
+    fresh = [c.pk for c in checks if c.status == CheckStatus.QUEUED]
+    if fresh:
+        ConnectionCheck.objects.filter(pk__in=fresh, status=CheckStatus.QUEUED).update(
+            status=CheckStatus.CLAIMED, claimed_at=timezone.now())
+    return [{"id": c.pk, "computer": c.target_id, "user": c.site_user_id, "account_name": c.account_name}
+            for c in checks]
+
+
+def complete(launcher: Launcher, check_id: int, data: dict) -> ConnectionCheck:
+    """The launcher's answer: {ok, error?, duration_ms?}. The same answer resent is accepted again."""
+    ok = data.get("ok")
+    if not isinstance(ok, bool):
+        raise ServiceError("ok is true or false.", "invalid", fields={"ok": ["true or false."]})
+    error = data.get("error") or ""
+    if not isinstance(error, str):
+        raise ServiceError("error is text.", "invalid", fields={"error": ["Text expected."]})
+    duration = data.get("duration_ms")
+    if duration is not None and as_int(duration, low=0, high=3_600_000) is None:
+        raise ServiceError("duration_ms is whole milliseconds (0 … 3 600 000).", "invalid",
+                           fields={"duration_ms": ["Invalid."]})
+    expire_checks(force=True)
+    status = CheckStatus.SUCCEEDED if ok else CheckStatus.FAILED
+    with transaction.atomic():
+        check = (ConnectionCheck.objects.select_for_update(of=("self",)).select_related("target")
+                 .filter(pk=check_id, launcher=launcher).first())
+        if check is None:
+            raise ServiceError("No check with this id was asked of this launcher.", "not_found", status=404)
+        if check.status == CheckStatus.EXPIRED:
+            raise Conflict("This check expired before its answer arrived; the user can start a new one.",
+                           "check_expired")
+        if check.status in (CheckStatus.SUCCEEDED, CheckStatus.FAILED):
+            if check.status == status:
+                return check
+            raise Conflict(f"This check already ended as {check.status}.", "check_already_completed")
+        detail = "" if ok else shells.stderr_tail(error or "The login failed without a message.", limit=500)
+        check.status = status
+        check.failure_reason = "" if ok else CheckFailure.CHECK_FAILED
+        check.result = {"items": [{"key": "connection", "status": ItemStatus.OK if ok else ItemStatus.FAILED,
+                                   "code": "" if ok else "ssh_failed", "detail": detail, "resolution": ""}],
+                        "account_name": check.account_name, "duration_ms": duration}
+        check.finished_at = timezone.now()
+        check.save(update_fields=["status", "failure_reason", "result", "finished_at"])
+        token_user = launcher.token.user if launcher.token_id else None
+        audit(Actor(token_user), "site.check.finish", check.target,
+              after={"check": check.pk, "status": status, "launcher": launcher.name})
+    return check
+
+
+def expire_checks(*, force: bool = False) -> None:
+    """Site checks without an answer CHECK_TIMEOUT after they were asked end as expired."""
+    global _last_expiry
+    if not force and time.monotonic() - _last_expiry < 1.0:
+        return
+    _last_expiry = time.monotonic()
+    now = timezone.now()
+    stale = list(ConnectionCheck.objects.filter(launcher__isnull=False, status__in=OPEN_CHECK_STATUSES,
+                                                created_at__lt=now - CHECK_TIMEOUT).select_related("target"))
+    for check in stale:
+        reason = CheckFailure.NOT_CLAIMED if check.status == CheckStatus.QUEUED else CheckFailure.NO_RESULT
+        # Conditional on the status: an answer that landed meanwhile wins.
+        if ConnectionCheck.objects.filter(Q(pk=check.pk, status=check.status)).update(
+                status=CheckStatus.EXPIRED, failure_reason=reason, finished_at=now):
+            audit(SYSTEM, "site.check.finish", check.target,
+                  after={"check": check.pk, "status": "expired", "failure_reason": reason})
+
+
+def check_body(check: ConnectionCheck) -> dict:
+    return {"id": check.pk, "computer": check.target_id, "status": check.status,
+            "user": check.site_user_id, "account_name": check.account_name,
+            "failure_reason": check.failure_reason or None, "result": check.result,
+            "created_at": check.created_at, "finished_at": check.finished_at}
+
+
+def latest_checks(user, target) -> dict:
+    """The last check of the shared account (for its managers) and of the caller's own account."""
+    checks = ConnectionCheck.objects.filter(target=target, launcher__isnull=False)
+    shared = checks.filter(site_user__isnull=True).first() if access.can_manage(user, target) else None
+    own = checks.filter(site_user=user).first() if user.is_authenticated else None
+    return {"shared": check_body(shared) if shared else None, "mine": check_body(own) if own else None}

@@ -1,0 +1,637 @@
+"""Submissions of Jobs to a site's scheduler (docs/sites-protocol.md): claims by the launcher and by
+`mado-tracking submit`, their reports, cancellations of Jobs already in the scheduler, the runner on
+the compute node reporting with the Job's job token, and the timeouts of the phases in between.
+
+Races are settled in the database. A claim locks the site's settings row (so capacity is counted once
+per site at a time) and takes Jobs with FOR UPDATE SKIP LOCKED; everything that changes a Job locks
+the Job row first and its Submission second, so no two paths wait on each other in a cycle."""
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass
+from datetime import timedelta
+
+from django.db import transaction
+from django.db.models import Exists, F, OuterRef, Q
+from django.utils import timezone
+
+from computers import access as computer_access
+from jobs import outputs
+from jobs import services as job_services
+from jobs.choices import SITE_ACTIVE_STATUSES, EndReason, JobStatus
+from jobs.models import Job
+from jobs.serializers import worker_job_payload
+from mado import access as identity
+from mado import services as identity_services
+from mado.errors import Conflict, Forbidden, ServiceError
+from mado.services import SYSTEM, Actor, audit
+from mado.validation import BIGINT_MAX, as_int
+from sites import services, shells
+from sites.choices import DEFAULT_WALLTIME_SECONDS, SUBMIT_REPORT_TIMEOUT, SubmissionMethod, SubmissionStatus
+from sites.models import CancelState, Launcher, SiteSettings, SiteUserSettings, Submission
+from workers.longpoll import notify
+
+SITES_CHANNEL = "mado_sites"
+MAX_CLAIM = 50
+CLAIM_SCAN = 500  # queued Jobs looked at per claim: enough to fill 50 from a few groups
+EXPIRY_INTERVAL_SECONDS = 1.0
+OUTCOMES = {"submitted": SubmissionStatus.SUBMITTED, "failed": SubmissionStatus.FAILED,
+            "not_tried": SubmissionStatus.NOT_TRIED}
+HEARTBEAT_SECONDS = 5
+LOG_INTERVAL_SECONDS = 1
+_last_expiry = 0.0
+
+
+@dataclass
+class Batch:
+    """Jobs claimed together: one script, one array in the scheduler."""
+
+    site: SiteSettings
+    rows: list[Submission]
+    tokens: dict[int, str]
+    script: str
+    adopt: bool = False
+
+
+# Who may be submitted -----------------------------------------------------------------------------
+
+def waiting(site: SiteSettings, status: str = JobStatus.QUEUED):
+    """Jobs of `site` in `status` whose requester may still use it: its visibility may have changed
+    since they were created; on a site under each person's own account, only those whose requester
+    saved My settings (without an account there is nobody to log in as)."""
+    target = site.target
+    jobs = Job.objects.filter(target=target, status=status).filter(
+        Q(target__visibility="public") | Q(target__owner=F("created_by"))
+        | Q(created_by__service_account__created_by=F("target__owner")))
+    if site.uses_personal_accounts:
+        jobs = jobs.filter(Exists(SiteUserSettings.objects.filter(target=target, user=OuterRef("created_by"))))
+    return jobs.order_by("created_at", "id")
+
+
+def active_count(target) -> int:
+    return Job.objects.filter(target=target, status__in=SITE_ACTIVE_STATUSES).count()
+
+
+def free_slots(site: SiteSettings) -> int:
+    return max(0, site.max_active_submissions - active_count(site.target))
+
+
+# Claims -------------------------------------------------------------------------------------------
+
+def launcher_claim(launcher: Launcher, computer, limit=None) -> list[dict]:
+    """Unreported claims of this launcher first (adopt), then new Jobs up to the site's capacity."""
+    limit = _limit(limit)
+    computer_id = as_int(computer, low=1, high=BIGINT_MAX)
+    if computer_id is None:
+        raise ServiceError("Give the site's computer id from the config.", "invalid",
+                           fields={"computer": ["A computer id."]})
+    expire_overdue()
+    with transaction.atomic():
+        site = (SiteSettings.objects.select_for_update(of=("self",)).select_related("target", "launcher")
+                .filter(target_id=computer_id, launcher=launcher, submission=SubmissionMethod.AUTOMATIC).first())
+        if site is None:
+            raise ServiceError("This launcher serves no automatic site with this computer id; read the sites "
+                               "of its config.", "not_found", status=404)
+        batches = _adopt(launcher, site, limit)
+        room = min(limit - sum(len(b.rows) for b in batches), free_slots(site))
+        if site.target.enabled and room > 0:
+            batches += _claim(Actor(launcher.token.user if launcher.token_id else None), site, waiting(site),
+                              room, launcher=launcher)
+    return [submission_body(batch) for batch in batches]
+
+
+def manual_claim(actor: Actor, target, project, data: dict) -> list[dict]:
+    """`mado-tracking submit`: the caller's `waiting_manual` Jobs in the token's project, or with
+    `all` everyone's (the computer's owner only)."""
+    user = actor.user
+    site = _manual_site(user, target)
+    everyone = _flag(data.get("all"), "all")
+    if everyone and target.owner_id != user.pk:
+        raise Forbidden("Only the computer's owner submits other people's Jobs (--all); run without --all to "
+                        "submit your own.", "site_owner_required")
+    limit = _limit(data.get("limit"))
+    work_dir = data.get("work_dir")
+    if work_dir not in (None, "") and not shells.is_path(work_dir):
+        raise ServiceError(f"work_dir must be {shells.PATH_RULE}.", "invalid", fields={"work_dir": ["Invalid path."]})
+    variables = shells.parse_variables(data.get("variables") or {})
+    with transaction.atomic():
+        site = SiteSettings.objects.select_for_update(of=("self",)).select_related("target").get(pk=site.pk)
+        jobs = waiting(site, JobStatus.WAITING_MANUAL)
+        if project is not None:
+            jobs = jobs.filter(project=project)
+        if not everyone:
+            jobs = jobs.filter(created_by=user)
+        room = min(limit, free_slots(site))
+        batches = _claim(actor, site, jobs, room, submitted_by=user, work_dir=work_dir or None,
+                         variables=variables) if room > 0 else []
+    return [submission_body(batch) for batch in batches]
+
+
+def manual_summary(user, target, project, *, everyone: bool) -> dict:
+    """What `mado-tracking submit --dry-run` shows."""
+    site = _manual_site(user, target)
+    jobs = waiting(site, JobStatus.WAITING_MANUAL)
+    if project is not None:
+        jobs = jobs.filter(project=project)
+    can_all = target.owner_id == user.pk
+    shell = services.current_job_shell(target)
+    return {"computer": target.pk, "name": target.name, "waiting": jobs.filter(created_by=user).count(),
+            "waiting_all": jobs.count() if can_all and everyone else None,
+            "job_shell_version": shell.version if shell else None, "working_dir": site.working_dir,
+            "variables": site.variables, "can_all": can_all}
+
+
+def _manual_site(user, target) -> SiteSettings:
+    if identity.is_job_principal(user):
+        raise Forbidden("Submitting Jobs takes your own API token, not a job token.", "job_token_forbidden")
+    site = services.site_settings_of(target)
+    if not computer_access.can_use(user, target):
+        raise ServiceError("No site with this id that you can use.", "not_found", status=404)
+    if site.submission != SubmissionMethod.MANUAL:
+        raise Conflict(f"{target.name} submits automatically through its launcher; mado-tracking submit is for "
+                       "sites that submit manually.", "site_not_manual")
+    return site
+
+
+def _claim(actor: Actor, site: SiteSettings, jobs, room: int, *, launcher: Launcher | None = None,
+           submitted_by=None, work_dir: str | None = None, variables: dict | None = None) -> list[Batch]:
+    """Take up to `room` Jobs (SKIP LOCKED) and group them: one requester and project with the same
+    GPU count and time limit make one array."""
+    taken = list(jobs.select_for_update(skip_locked=True, of=("self",))
+                 .select_related("project", "created_by", "target")[:CLAIM_SCAN])
+    groups: dict[tuple, list[Job]] = {}
+    for job in taken[:room]:
+        key = (job.project_id, job.created_by_id, job.gpu_count or 0, job.walltime_seconds or DEFAULT_WALLTIME_SECONDS)
+        groups.setdefault(key, []).append(job)
+    batches = []
+    for group in groups.values():
+        batch = _submit_group(actor, site, group, launcher=launcher, submitted_by=submitted_by, work_dir=work_dir,
+                              variables=variables)
+        if batch is not None:
+            batches.append(batch)
+    return batches
+
+
+def _submit_group(actor, site, jobs, *, launcher, submitted_by, work_dir, variables) -> Batch | None:
+    target = site.target
+    account_name, work_dir = _account(site, jobs[0].created_by_id, work_dir)
+    try:
+        script, shell = services.render_submission(target, jobs, work_dir=work_dir, extra_variables=variables)
+    except ServiceError as exc:
+        # A value the job shell refuses would refuse every later claim too: end these Jobs, with why.
+        for job in jobs:
+            _end(actor, job, JobStatus.FAILED, EndReason.SUBMIT_FAILED, error=f"Not submitted: {exc.message}")
+        return None
+    now = timezone.now()
+    batch_id = uuid.uuid4()
+    by = f"launcher {launcher.name}" if launcher else f"{submitted_by.username} with mado-tracking submit"
+    rows, tokens = [], {}
+    for index, job in enumerate(jobs):
+        job.status = JobStatus.SUBMITTING
+        job.lease_id = uuid.uuid4()
+        job.claimed_at = now
+        job.save(update_fields=["status", "lease_id", "claimed_at"])
+        rows.append(Submission.objects.create(
+            job=job, target=target, job_shell=shell, launcher=launcher, submitted_by=submitted_by, batch=batch_id,
+            array_index=index, account_name=account_name, work_dir=work_dir, lease_id=job.lease_id, claimed_at=now))
+        _, tokens[job.pk] = identity_services.issue_job_token(job_id=job.pk, lease_id=job.lease_id,
+                                                              project=job.project, user=job.created_by)
+        job_services._event(job, "claimed", f"Claimed by {by} (job shell version {shell.version})")
+        audit(actor, "job.claim", job, project=job.project,
+              after={"batch": str(batch_id), "launcher": launcher.name if launcher else None,
+                     "job_shell_version": shell.version})
+    return Batch(site=site, rows=rows, tokens=tokens, script=script)
+
+
+def _adopt(launcher: Launcher, site: SiteSettings, limit: int) -> list[Batch]:
+    """This launcher's claims it never reported: the answer may have been lost, so they come back with
+    new job tokens (the old ones end) and a script that looks for the scheduler job first."""
+    rows = list(Submission.objects.select_for_update(of=("self",))
+                .filter(launcher=launcher, target=site.target, status=SubmissionStatus.CLAIMED,
+                        job__status=JobStatus.SUBMITTING)
+                .select_related("job__project", "job__created_by", "job__target", "job_shell")
+                .order_by("claimed_at", "batch", "array_index"))
+    grouped: dict[uuid.UUID, list[Submission]] = {}
+    for row in rows:
+        grouped.setdefault(row.batch, []).append(row)
+    batches, count, now = [], 0, timezone.now()
+    for batch_rows in grouped.values():
+        if count + len(batch_rows) > limit and batches:
+            break
+        count += len(batch_rows)
+        jobs = [row.job for row in batch_rows]
+        tokens = {}
+        for row in batch_rows:
+            identity_services.revoke_job_tokens(row.job_id)
+            _, tokens[row.job_id] = identity_services.issue_job_token(
+                job_id=row.job_id, lease_id=row.lease_id, project=row.job.project, user=row.job.created_by)
+        # A fresh report deadline: the launcher starts this submission again now.
+        Submission.objects.filter(pk__in=[r.pk for r in batch_rows]).update(claimed_at=now)
+        script, _ = services.render_submission(site.target, jobs, job_shell=batch_rows[0].job_shell,
+                                               work_dir=batch_rows[0].work_dir or None, adopt=True)
+        batches.append(Batch(site=site, rows=batch_rows, tokens=tokens, script=script, adopt=True))
+    return batches
+
+
+def _account(site: SiteSettings, user_id: int, work_dir: str | None) -> tuple[str, str]:
+    """The account the submission logs in as, and the working directory its spec directories go under."""
+    if site.submission == SubmissionMethod.MANUAL:
+        return "", work_dir or site.working_dir
+    if site.uses_personal_accounts:
+        mine = SiteUserSettings.objects.get(target=site.target, user_id=user_id)
+        return mine.account_name, work_dir or mine.working_dir or site.working_dir
+    return site.ssh_user, work_dir or site.working_dir
+
+
+def submission_body(batch: Batch) -> dict:
+    rows, site = batch.rows, batch.site
+    first = rows[0]
+    requester = first.job.created_by
+    work_dir = first.work_dir or site.working_dir
+    return {
+        "batch": str(first.batch), "computer": site.target_id, "job_ids": [row.job_id for row in rows],
+        "job_name": f"mmt-{first.job_id}", "adopt": batch.adopt,
+        "user": {"id": requester.pk, "username": requester.username}, "account_name": first.account_name,
+        "working_dir": work_dir, "spec_root": f"{work_dir.rstrip('/')}/{services.SPEC_ROOT}",
+        "runner_python": site.runner_python, "api_url": site.runner_api_url,
+        "job_shell_version": first.job_shell.version, "script": batch.script,
+        "jobs": [{"id": row.job_id, "spec_dir": services.spec_dir_for(work_dir, row.job_id),
+                  "token": batch.tokens[row.job_id], "job": runner_job_payload(row.job, batch.tokens[row.job_id], site)}
+                 for row in rows],
+    }
+
+
+def runner_job_payload(job: Job, token: str | None, site: SiteSettings) -> dict:
+    """The worker's claim object, addressed to the runner: the site's API URL and the runner's source path."""
+    payload = worker_job_payload(job, token)
+    payload["api_url"] = site.runner_api_url
+    if isinstance(payload.get("source"), dict) and payload["source"].get("download"):
+        payload["source"] = {**payload["source"], "download": f"/api/runner/jobs/{job.pk}/source"}
+    return payload
+
+
+# Reports ------------------------------------------------------------------------------------------
+
+def report(actor: Actor, data: dict, *, launcher: Launcher | None = None, submitted_by=None, target=None) -> list[dict]:
+    """The outcome of submitting Jobs: `submitted` (with the scheduler's id), `failed` (the masked stderr
+    tail) or `not_tried` (a failed login). The same report resent is answered again, unchanged."""
+    job_ids, outcome, scheduler_id, error = _clean_report(data)
+    expire_overdue()
+    with transaction.atomic():
+        jobs = {job.pk: job for job in Job.objects.select_for_update(of=("self",)).select_related("project", "target")
+                .filter(pk__in=job_ids).order_by("pk")}
+        rows = Submission.objects.select_for_update(of=("self",)).filter(job_id__in=job_ids)
+        rows = rows.filter(launcher=launcher) if launcher is not None else rows.filter(submitted_by=submitted_by,
+                                                                                       target=target)
+        rows = {row.job_id: row for row in rows.select_related("target__site_settings")}
+        unknown = [i for i in job_ids if i not in rows]
+        if unknown:
+            raise ServiceError(f"Jobs {', '.join(map(str, unknown))} were not claimed by you; report only the "
+                               "job_ids of your claims.", "submission_not_found", status=404,
+                               fields={"job_ids": ["Unknown claims."]})
+        for job_id in job_ids:
+            _apply_report(actor, rows[job_id], jobs[job_id], outcome, scheduler_id, error)
+    notify(job_services.JOBS_CHANNEL)
+    return [{"id": i, "status": jobs[i].status} for i in job_ids]
+
+
+def _clean_report(data: dict):
+    ids = data.get("job_ids")
+    if (not isinstance(ids, list) or not 1 <= len(ids) <= MAX_CLAIM
+            or any(as_int(i, low=1, high=BIGINT_MAX) is None or isinstance(i, (bool, str)) for i in ids)
+            or len(set(ids)) != len(ids)):
+        raise ServiceError(f"job_ids is a list of 1–{MAX_CLAIM} different Job ids from the claim.", "invalid",
+                           fields={"job_ids": ["Invalid list."]})
+    outcome = data.get("outcome")
+    if outcome not in OUTCOMES:
+        raise ServiceError("outcome is submitted, failed or not_tried.", "invalid", fields={"outcome": ["Invalid."]})
+    scheduler_id = data.get("scheduler_job_id") or ""
+    if scheduler_id and (not isinstance(scheduler_id, str) or not shells.SCHEDULER_ID.fullmatch(scheduler_id)):
+        raise ServiceError("scheduler_job_id is the id the job shell printed (letters, digits, . _ : - [ ], at most "
+                           "200).", "invalid", fields={"scheduler_job_id": ["Invalid id."]})
+    error = data.get("error") or ""
+    if not isinstance(error, str):
+        raise ServiceError("error is text.", "invalid", fields={"error": ["Text expected."]})
+    if outcome != "submitted" and not error.strip():
+        error = "The job shell failed without a message." if outcome == "failed" else "Not tried."
+    return [int(i) for i in ids], outcome, scheduler_id, shells.stderr_tail(error)
+
+
+def _apply_report(actor, row: Submission, job: Job, outcome: str, scheduler_id: str, error: str) -> None:
+    status = OUTCOMES[outcome]
+    if row.status != SubmissionStatus.CLAIMED:
+        if row.status == status and (outcome != "submitted" or row.scheduler_job_id == scheduler_id):
+            return  # the same report resent after a lost answer
+        raise Conflict(f"Job {job.pk} was already reported as {row.status}; a report is sent once.",
+                       "submission_already_reported")
+    row.status, row.reported_at = status, timezone.now()
+    if outcome == "submitted":
+        row.scheduler_job_id = scheduler_id
+        row.save(update_fields=["status", "reported_at", "scheduler_job_id"])
+        if job.status == JobStatus.SUBMITTING:
+            job.status = JobStatus.SUBMITTED
+            job.save(update_fields=["status"])
+            job_services._event(job, "submitted", f"Submitted to the scheduler as {scheduler_id}" if scheduler_id
+                                else "Submitted (no scheduler job id: the runner starts directly)")
+            if job.stop_requested_at is not None:
+                _stop_submitted(actor, row, job)
+        elif job.is_terminal and scheduler_id:
+            # Reported after the Job ended (it timed out waiting for this report): keep it from running.
+            _queue_cancellation(row, job)
+    else:
+        row.error = error
+        row.save(update_fields=["status", "reported_at", "error"])
+        if job.status == JobStatus.SUBMITTING:
+            _end(actor, job, JobStatus.FAILED, EndReason.SUBMIT_FAILED, error=error)
+    audit(actor, "job.submission.report", job, project=job.project,
+          after={"outcome": outcome, "scheduler_job_id": scheduler_id or None})
+
+
+# Stop and cancellations ---------------------------------------------------------------------------
+
+def stop(actor: Actor, job: Job) -> None:
+    """A stop of a Job in a site's hands (called with the Job row locked). A submitted Job with a
+    scheduler id on a launcher site gets a cancellation; one no runner can reach yet ends now; a Job
+    being submitted waits for its report; a started runner hears it in its next heartbeat."""
+    row = Submission.objects.select_for_update(of=("self",)).select_related("target__site_settings").filter(
+        job=job).first()
+    if row is not None and job.status == JobStatus.SUBMITTED:
+        _stop_submitted(actor, row, job)
+
+
+def _stop_submitted(actor, row: Submission, job: Job) -> None:
+    automatic = row.target.site_settings.submission == SubmissionMethod.AUTOMATIC
+    if automatic and row.launcher_id and row.scheduler_job_id and not _batch_runs_on(row):
+        _queue_cancellation(row, job)
+    else:
+        # Its token is revoked: a runner that starts later is refused and exits.
+        _end(actor, job, JobStatus.CANCELED, EndReason.CANCELED)
+
+
+def _batch_runs_on(row: Submission) -> bool:
+    """Other Jobs of the same array still to run: canceling the scheduler job would end them too."""
+    return (Submission.objects.filter(batch=row.batch).exclude(pk=row.pk)
+            .filter(job__status__in=SITE_ACTIVE_STATUSES, job__stop_requested_at__isnull=True).exists())
+
+
+def _queue_cancellation(row: Submission, job: Job) -> None:
+    if row.cancel_state:
+        return
+    row.cancel_state = CancelState.QUEUED
+    row.cancel_requested_at = timezone.now()
+    row.save(update_fields=["cancel_state", "cancel_requested_at"])
+    job_services._event(job, "cancel_queued", f"Cancellation of {row.scheduler_job_id} queued for the launcher")
+    notify(SITES_CHANNEL)
+
+
+def cancellations(launcher: Launcher) -> list[dict]:
+    """Queued cancellations for the launcher, one per scheduler job (an array's Jobs share one)."""
+    rows = (Submission.objects.filter(launcher=launcher, cancel_state=CancelState.QUEUED)
+            .select_related("target__site_settings", "job_shell", "job").order_by("job_id"))
+    items, seen = [], set()
+    for row in rows:
+        key = (row.target_id, row.scheduler_job_id)
+        if key in seen:
+            continue
+        seen.add(key)
+        site = row.target.site_settings
+        personal = site.uses_personal_accounts
+        mine = (SiteUserSettings.objects.filter(target=row.target, user_id=row.job.created_by_id).first()
+                if personal else None)
+        try:
+            script = services.render_cancellation(row.target, row.job_shell, row.scheduler_job_id,
+                                                  variables=mine.variables if mine else None)
+        except ServiceError:
+            continue  # an id no job shell prints never reaches here; nothing to run for it
+        items.append({"job_id": row.job_id, "computer": row.target_id, "scheduler_job_id": row.scheduler_job_id,
+                      "user": row.job.created_by_id if personal else None, "account_name": row.account_name,
+                      "script": script})
+    return items
+
+
+def report_cancellation(launcher: Launcher, data: dict) -> dict:
+    job_id = as_int(data.get("job_id"), low=1, high=BIGINT_MAX)
+    ok = data.get("ok")
+    if job_id is None or isinstance(data.get("job_id"), (bool, str)) or not isinstance(ok, bool):
+        raise ServiceError("Send {job_id, ok: true|false, error?} for a cancellation from the config.", "invalid",
+                           fields={"job_id": ["A Job id."], "ok": ["true or false."]})
+    error = data.get("error") or ""
+    if not isinstance(error, str):
+        raise ServiceError("error is text.", "invalid", fields={"error": ["Text expected."]})
+    first = Submission.objects.filter(job_id=job_id, launcher=launcher).exclude(cancel_state="").first()
+    if first is None:
+        raise ServiceError("No cancellation of this Job was asked of this launcher.", "cancellation_not_found",
+                           status=404)
+    with transaction.atomic():
+        same = Q(batch=first.batch, scheduler_job_id=first.scheduler_job_id, launcher=launcher)
+        jobs = {j.pk: j for j in Job.objects.select_for_update(of=("self",)).select_related("project", "target")
+                .filter(submission__in=Submission.objects.filter(same)).order_by("pk")}
+        rows = list(Submission.objects.select_for_update(of=("self",)).filter(same, cancel_state=CancelState.QUEUED))
+        now = timezone.now()
+        for row in rows:
+            row.cancel_state = CancelState.DONE if ok else CancelState.FAILED
+            row.cancel_error = "" if ok else shells.stderr_tail(error or "The cancel script failed without a message.")
+            row.cancel_reported_at = now
+            row.save(update_fields=["cancel_state", "cancel_error", "cancel_reported_at"])
+            job = jobs[row.job_id]
+            if ok and row.runner_id is None and job.status in (JobStatus.SUBMITTING, JobStatus.SUBMITTED):
+                _end(SYSTEM, job, JobStatus.CANCELED, EndReason.CANCELED)
+            elif not ok and not job.is_terminal:
+                job_services._event(job, "cancel_failed", f"The scheduler did not cancel it: {row.cancel_error}")
+    first.refresh_from_db()
+    return {"job_id": job_id, "cancel_state": first.cancel_state, "status": Job.objects.get(pk=job_id).status}
+
+
+# The runner ---------------------------------------------------------------------------------------
+
+def _runner_locked(job_id: int, runner_id, *, starting: bool = False, ended_ok: bool = False):
+    runner_id = _uuid(runner_id)
+    job = (Job.objects.select_for_update(of=("self",)).select_related("project", "target", "created_by")
+           .filter(pk=job_id).first())
+    if job is None:
+        raise ServiceError("No such Job.", "not_found", status=404)
+    row = Submission.objects.select_for_update(of=("self",)).select_related("target__site_settings").filter(
+        job=job).first()
+    if row is None:
+        raise Conflict("This Job was not submitted to a site; only a site's runner uses these endpoints.",
+                       "not_a_site_job")
+    if job.is_terminal and not ended_ok:
+        raise Conflict(f"This Job already ended ({job.status}); stop the runner.", "job_ended")
+    if row.runner_id is None and not starting and not job.is_terminal:
+        raise Conflict("Call start first: this Job has no runner yet.", "runner_not_started")
+    if row.runner_id is not None and row.runner_id != runner_id:
+        raise Conflict("Another runner already runs this Job; this one stops.", "runner_conflict")
+    return job, row, runner_id
+
+
+def runner_start(job_id: int, data: dict) -> Job:
+    """The runner on the compute node begins: the Job waits for its resources (venv, image)."""
+    expire_overdue()
+    hostname = data.get("hostname") or ""
+    if not isinstance(hostname, str) or len(hostname) > 255:
+        raise ServiceError("hostname is the compute node's name (≤ 255 characters).", "invalid",
+                           fields={"hostname": ["Invalid."]})
+    scheduler_id = data.get("scheduler_job_id") or ""
+    if scheduler_id and (not isinstance(scheduler_id, str) or not shells.SCHEDULER_ID.fullmatch(scheduler_id)):
+        raise ServiceError("scheduler_job_id holds letters, digits and . _ : - [ ] only.", "invalid",
+                           fields={"scheduler_job_id": ["Invalid id."]})
+    with transaction.atomic():
+        job, row, runner_id = _runner_locked(job_id, data.get("runner_id"), starting=True)
+        if row.runner_id is not None:
+            return job  # the same runner's start resent
+        now = timezone.now()
+        row.runner_id, row.runner_hostname, row.runner_started_at = runner_id, hostname, now
+        fields = ["runner_id", "runner_hostname", "runner_started_at"]
+        if scheduler_id and not row.scheduler_job_id:
+            row.scheduler_job_id = scheduler_id
+            fields.append("scheduler_job_id")
+        row.save(update_fields=fields)
+        job.status, job.heartbeat_at = JobStatus.WAITING_RESOURCES, now
+        job.save(update_fields=["status", "heartbeat_at"])
+        job_services._event(job, "runner_started", f"Runner started on {hostname or 'the compute node'}")
+    return job
+
+
+def runner_heartbeat(job_id: int, data: dict) -> Job:
+    expire_overdue()
+    status = data.get("status")
+    if status not in (None, JobStatus.RUNNING):
+        raise ServiceError("status in a heartbeat is only 'running'.", "invalid", fields={"status": ["running"]})
+    with transaction.atomic():
+        job, _, _ = _runner_locked(job_id, data.get("runner_id"))
+        now = timezone.now()
+        job.heartbeat_at = now
+        fields = ["heartbeat_at"]
+        if status == JobStatus.RUNNING and job.status == JobStatus.WAITING_RESOURCES:
+            job.status, job.started_at = JobStatus.RUNNING, now
+            fields += ["status", "started_at"]
+            job_services._event(job, "started", "Started")
+        job.save(update_fields=fields)
+    return job
+
+
+def runner_logs(job_id: int, data: dict) -> int:
+    with transaction.atomic():
+        job, _, _ = _runner_locked(job_id, data.get("runner_id"))
+        return job_services.append_logs(job, data.get("chunks"))
+
+
+def runner_metrics(job_id: int, data: dict) -> int:
+    with transaction.atomic():
+        job, _, _ = _runner_locked(job_id, data.get("runner_id"))
+        return job_services.add_metrics(job, data.get("metrics"))
+
+
+def runner_outputs(job_id: int, data: dict) -> list[str]:
+    with transaction.atomic():
+        job, _, _ = _runner_locked(job_id, data.get("runner_id"))
+        # The runner declares what the requester may: the scopes a personal token of theirs could hold.
+        scopes = frozenset(identity_services.allowed_scopes(job.created_by, job.project, "personal"))
+        return outputs.record_outputs(job, result_text=data.get("result"), files=data.get("files"),
+                                      manifest_text=data.get("manifest"), token_scopes=scopes)
+
+
+def runner_job(job_id: int, runner_id) -> Job:
+    """The Job of a runner's binary call (artifact upload, source download), checked and unlocked."""
+    with transaction.atomic():
+        job, _, _ = _runner_locked(job_id, runner_id)
+    return job
+
+
+def runner_finish(job_id: int, data: dict) -> Job:
+    status = data.get("status")
+    exit_code = job_services.clean_completion(status, data.get("exit_code"), data.get("end_reason"))
+    error = data.get("error") or ""
+    if not isinstance(error, str):
+        raise ServiceError("error is text.", "invalid", fields={"error": ["Text expected."]})
+    with transaction.atomic():
+        job, _, runner_id = _runner_locked(job_id, data.get("runner_id"), ended_ok=True)
+        if job.is_terminal:
+            if job.status == status:
+                return job  # the same finish resent
+            raise Conflict(f"This Job already ended as {job.status}.", "job_already_completed")
+        reason = job_services.finish_completed(job, status, exit_code=exit_code, error=shells.stderr_tail(error),
+                                               end_reason=data.get("end_reason"))
+        audit(SYSTEM, "job.complete", job, project=job.project,
+              after={"status": status, "end_reason": reason, "exit_code": exit_code, "runner": str(runner_id)})
+    notify(job_services.JOBS_CHANNEL)
+    return job
+
+
+# Timeouts -----------------------------------------------------------------------------------------
+
+def expire_overdue(*, force: bool = False) -> int:
+    """`submitting` without a report for 15 minutes → failed submit_failed; `submitted` without a
+    runner within the site's queue timeout → failed queue_timeout (and the scheduler job canceled).
+    At most once a second per process: launchers, runners and job pages all call it."""
+    global _last_expiry
+    if not force and time.monotonic() - _last_expiry < EXPIRY_INTERVAL_SECONDS:
+        return 0
+    _last_expiry = time.monotonic()
+    now = timezone.now()
+    ended = 0
+    late = Job.objects.filter(status=JobStatus.SUBMITTING, submission__status=SubmissionStatus.CLAIMED,
+                              submission__claimed_at__lt=now - timedelta(seconds=SUBMIT_REPORT_TIMEOUT))
+    for job_id in late.values_list("pk", flat=True):
+        ended += _expire(job_id, JobStatus.SUBMITTING, EndReason.SUBMIT_FAILED,
+                         f"No submission report arrived within {SUBMIT_REPORT_TIMEOUT // 60} minutes: the launcher "
+                         "or mado-tracking submit stopped while submitting. Check the scheduler for a job named "
+                         "mmt-<Job id> and cancel it if it is there.")
+    for site in SiteSettings.objects.filter(target__jobs__status=JobStatus.SUBMITTED).distinct():
+        cutoff = now - timedelta(seconds=site.queue_timeout_seconds)
+        waiting_too_long = Job.objects.filter(target_id=site.target_id, status=JobStatus.SUBMITTED).filter(
+            Q(submission__reported_at__lt=cutoff)
+            | Q(submission__reported_at__isnull=True, submission__claimed_at__lt=cutoff))
+        for job_id in waiting_too_long.values_list("pk", flat=True):
+            ended += _expire(job_id, JobStatus.SUBMITTED, EndReason.QUEUE_TIMEOUT,
+                             f"No runner started within the queue timeout ({site.queue_timeout_seconds} s): the "
+                             "scheduler kept it waiting, or the runner could not reach this server.")
+    return ended
+
+
+def _expire(job_id: int, status: str, reason: str, error: str) -> int:
+    with transaction.atomic():
+        job = (Job.objects.select_for_update(skip_locked=True, of=("self",)).select_related("project", "target")
+               .filter(pk=job_id, status=status).first())
+        if job is None:
+            return 0  # moved on meanwhile, or someone holds it right now (next round)
+        _end(SYSTEM, job, JobStatus.FAILED, reason, error=error)
+        row = Submission.objects.select_for_update(of=("self",)).select_related("target__site_settings").filter(
+            job=job).first()
+        if (reason == EndReason.QUEUE_TIMEOUT and row is not None and row.launcher_id and row.scheduler_job_id
+                and row.target.site_settings.submission == SubmissionMethod.AUTOMATIC and not _batch_runs_on(row)):
+            _queue_cancellation(row, job)
+    return 1
+
+
+# helpers ------------------------------------------------------------------------------------------
+
+def _end(actor: Actor, job: Job, status: str, reason: str, *, error: str = "") -> None:
+    job_services._finish(job, status, reason, error=error)
+    audit(actor, "job.complete", job, project=job.project,
+          after={"status": status, "end_reason": reason, "exit_code": None})
+    notify(job_services.JOBS_CHANNEL)
+
+
+def _limit(raw) -> int:
+    if raw is None:
+        return MAX_CLAIM
+    limit = as_int(raw, low=1, high=MAX_CLAIM)
+    if limit is None or isinstance(raw, (bool, str)):
+        raise ServiceError(f"limit is a whole number from 1 to {MAX_CLAIM}.", "invalid", fields={"limit": ["1–50."]})
+    return limit
+
+
+def _flag(raw, name: str) -> bool:
+    if raw in (None, False, True):
+        return bool(raw)
+    raise ServiceError(f"{name} is true or false.", "invalid", fields={name: ["true or false."]})
+
+
+def _uuid(raw) -> uuid.UUID:
+    try:
+        return uuid.UUID(str(raw)) if isinstance(raw, str) else uuid.UUID("")
+    except ValueError:
+        raise ServiceError("runner_id is the uuid the runner made when it started; send it with every call.",
+                           "invalid", fields={"runner_id": ["A uuid."]}) from None
