@@ -21,7 +21,7 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 from django_htmx.http import HttpResponseStopPolling, push_url, reswap, retarget
 
 from computers import access as computer_access
-from computers.choices import CheckStatus, Kind
+from computers.choices import CheckFailure, CheckStatus, Kind
 from computers.models import ConnectionCheck
 from mado import access
 from mado.dialogs import dialog, dialog_done
@@ -345,7 +345,7 @@ def site_checks_context(request, target, site, *, manageable: bool, mine) -> dic
 
 
 def _latest_check(target, user):
-    return (ConnectionCheck.objects.filter(target=target, site_user=user).select_related("launcher")
+    return (ConnectionCheck.objects.filter(target=target, site_user=user, launcher__isnull=False)
             .order_by("-created_at", "-id").first())
 
 
@@ -355,14 +355,24 @@ CHECK_TEXT = {
 }
 
 
+CHECK_FAILURES = {
+    CheckFailure.NOT_CLAIMED: _("The launcher did not pick up the check. Check that the launcher is running and "
+                                "polls this server."),
+    CheckFailure.NO_RESULT: _("No answer arrived from the launcher. Check the launcher's log."),
+}
+
+
 def check_view(check) -> dict | None:
+    """A site check in words: its state, and why it failed (the login's error, or no launcher answer)."""
     if check is None:
         return None
-    result = check.result or {}
+    result = check.result if isinstance(check.result, dict) else {}
+    failed = [item.get("detail") for item in result.get("items", [])
+              if isinstance(item, dict) and item.get("status") == "failed" and item.get("detail")]
+    error = " ".join(failed) or str(CHECK_FAILURES.get(check.failure_reason, ""))
     return {"obj": check, "id": check.pk, "open": check.is_open, "status": check.status,
             "status_text": CHECK_TEXT.get(check.status) or CheckStatus(check.status).label,
-            "error": result.get("error") or "" if isinstance(result, dict) else "",
-            "account_name": check.account_name, "finished_at": check.finished_at}
+            "error": error, "account_name": check.account_name, "finished_at": check.finished_at}
 
 
 @login_required
@@ -400,8 +410,8 @@ def site_check_status(request, pk, check_id):
     if (mine and check.site_user_id != request.user.pk) or (not mine and not computer_access.can_manage(
             request.user, target)):
         raise Http404("No such check of yours.")
-    if site_checks is not None and hasattr(site_checks, "expire_stale"):
-        site_checks.expire_stale()
+    if site_checks is not None:
+        site_checks.expire_checks()
         check.refresh_from_db()
     panel = {"mine": mine, "latest": check_view(check), "error": ""}
     content = render_to_string("sites/partials/_site_check.html", {"target": target, "site": site, "checks": panel},

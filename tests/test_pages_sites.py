@@ -324,3 +324,49 @@ def test_the_new_job_form_shows_the_instructions_for_a_manual_site(client, world
     page = html(client.get(reverse("job-create", args=["lab"]), {"computer": manual_site.pk, "fragment": "computer"},
                            **HTMX))
     assert f"mado-tracking submit --site {manual_site.pk} --dry-run" in page
+
+
+# Check connection ----------------------------------------------------------------------------------
+
+def test_the_owner_checks_the_shared_account_and_sees_the_launchers_answer(client, world, make_site, launcher):
+    from sites import checks
+
+    target = make_site(world.project_admin, visibility="public")
+    client = signed_in(client, world.project_admin)
+    details = html(client.get(reverse("computer-detail", args=[target.pk]), **HTMX))
+    assert 'id="site-check"' in details and "Not checked yet." in details
+    page = html(client.post(reverse("site-check-request", args=[target.pk]), {"mine": "0"}, **HTMX))
+    check = target.checks.get()
+    assert (check.launcher, check.site_user, check.account_name) == (launcher, None, "mmtshared")
+    assert "Waiting for the launcher to pick up the check" in page and 'hx-trigger="every 1s"' in page
+    status_url = reverse("site-check-status", args=[target.pk, check.pk])
+    assert client.get(status_url, **HTMX).status_code == 200  # still open: keeps polling
+    checks.complete(launcher, check.pk, {"ok": False, "error": "Permission denied (publickey)."})
+    done = client.get(status_url, **HTMX)
+    assert done.status_code == 286  # ends htmx polling
+    assert "Could not verify connection" in html(done) and "Permission denied (publickey)." in html(done)
+    # Someone who only uses the site has no button and cannot check the shared account.
+    viewer = signed_in(client, world.viewer)
+    assert 'id="site-check"' not in html(viewer.get(reverse("computer-detail", args=[target.pk]), **HTMX))
+    refused = html(viewer.post(reverse("site-check-request", args=[target.pk]), {"mine": "0"}, **HTMX))
+    assert "Only the computer's owner and global administrators check the shared account" in refused
+    assert target.checks.count() == 1
+
+
+def test_a_user_checks_their_own_account_after_my_settings(client, world, public_personal, launcher):
+    from sites import checks
+
+    client = signed_in(client, world.viewer)
+    url = reverse("computer-detail", args=[public_personal.pk])
+    assert 'id="site-check"' not in html(client.get(url, **HTMX))  # nothing to check before My settings
+    client.post(reverse("site-my-settings", args=[public_personal.pk]), {"account_name": "carol01"}, **HTMX)
+    assert 'name="mine" value="1"' in html(client.get(url, **HTMX))
+    client.post(reverse("site-check-request", args=[public_personal.pk]), {"mine": "1"}, **HTMX)
+    check = public_personal.checks.get()
+    assert (check.site_user, check.account_name) == (world.viewer, "carol01")
+    checks.complete(launcher, check.pk, {"ok": True})
+    done = client.get(reverse("site-check-status", args=[public_personal.pk, check.pk]), **HTMX)
+    assert done.status_code == 286 and "Connection verified" in html(done)
+    # The owner does not see carol's check as theirs.
+    owner = signed_in(client, world.project_admin)
+    assert owner.get(reverse("site-check-status", args=[public_personal.pk, check.pk]), **HTMX).status_code == 404
