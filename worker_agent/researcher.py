@@ -238,3 +238,10 @@ def jobs_stop(ctx, job_id):
         click.echo(f"Job {job_id} was canceled.")
     else:
         click.echo(f"Stop requested for job {job_id}; the worker stops it and it ends as canceled.")
+
+
+# `submit` and `runner` live with the rest of the sites agent (worker_agent/site/).
+from worker_agent.site.cli import runner_command, submit_command  # noqa: E402
+
+main.add_command(submit_command, "submit")
+main.add_command(runner_command, "runner")
