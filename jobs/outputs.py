@@ -13,6 +13,7 @@ from django.db import transaction
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
+from datasets import services as dataset_services
 from jobs import storage
 from jobs.choices import HELD_STATUSES
 from jobs.models import Artifact, Job, Metric, SourceArchive
@@ -121,6 +122,7 @@ def record_outputs(job: Job, *, result_text, files, manifest_text, token_scopes:
     if (validated.models or validated.datasets) and Scope.REGISTRY_WRITE not in token_scopes:
         raise ServiceError("Declaring models or datasets needs a worker token with registry:write; issue one.",
                            "registry_write_required")
+    dataset_services.check_declarations(job.project, validated.datasets)
     # Dataset file lists can hold 100 000 entries: the job keeps the counts and digests, not the lists.
     datasets = [{k: v for k, v in d.items() if k != "files"} for d in validated.datasets]
     summary = {"version": validated.version, "models": validated.models, "datasets": datasets,
@@ -192,6 +194,12 @@ def _finish_artifact(job: Job, artifact: Artifact, part: Path, received: int) ->
         artifact.complete = True
         artifact.save(update_fields=["received_bytes", "file", "complete"])
     return artifact
+
+
+def register_datasets(job: Job) -> None:
+    """The finished job's `datasets` declarations become dataset versions made of its uploaded output
+    files. Call inside the completion transaction, after every declared artifact arrived."""
+    dataset_services.register_job_outputs(job)
 
 
 def missing_artifacts(job: Job) -> list[str]:

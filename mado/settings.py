@@ -40,6 +40,7 @@ INSTALLED_APPS = [
     "workers",
     "jobs",
     "sites",
+    "datasets",
 ]
 
 MIDDLEWARE = [

@@ -6,6 +6,8 @@ from django.urls import include, path
 from mado import views
 
 urlpatterns = [
+    # Ahead of mado.api.urls, whose catch-all answers every other /api/ path.
+    path("api/", include("datasets.api_urls")),
     path("api/", include("mado.api.urls")),
     path("admin/", admin.site.urls),
     path("i18n/", include("django.conf.urls.i18n")),
@@ -28,6 +30,7 @@ urlpatterns = [
     path("", include("workers.urls")),
     path("", include("jobs.urls")),
     path("", include("sites.urls")),
+    path("", include("datasets.urls")),
 ]
 
 handler400 = "mado.views.bad_request"

@@ -1,0 +1,360 @@
+"""State changes of datasets: create a dataset, create a version from a manifest, receive file bytes
+in resumable parts, complete a version, and turn a finished job's declared outputs into versions.
+
+Bytes are streamed to disk outside database transactions (jobs.storage); rows change in short ones."""
+from __future__ import annotations
+
+import logging
+import os
+import re
+import shutil
+import uuid
+from pathlib import Path
+
+from django.conf import settings
+from django.db import IntegrityError, transaction
+from django.db.models import Max
+from django.utils import timezone
+
+from datasets import manifest
+from datasets.choices import VersionStatus
+from datasets.models import Dataset, DatasetEntry, DatasetFile, DatasetVersion, stored_path
+from jobs import storage
+from mado.errors import Conflict, ServiceError
+from mado.services import Actor, audit
+
+log = logging.getLogger(__name__)
+
+NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
+MAX_DESCRIPTION = 2000
+RANGE = re.compile(r"^bytes (\d+)-(\d+)/(\d+)$")
+BATCH = 5000  # rows per query: a version may hold 100 000 files
+
+
+def media(relative: str) -> Path:
+    return Path(settings.MEDIA_ROOT) / relative
+
+
+# Datasets ---------------------------------------------------------------------------------------
+
+def name_problem(name) -> str | None:
+    if not isinstance(name, str) or not NAME_PATTERN.match(name):
+        return ("A dataset name is 1–100 letters, digits, '.', '_' or '-', starting with a letter or digit "
+                "(e.g. speech-train).")
+    if name.isdigit():
+        return "A dataset name cannot be only digits: numbers are dataset ids. Add a letter."
+    return None
+
+
+def create_dataset(actor: Actor, project, data: dict) -> Dataset:
+    name, description = data.get("name"), data.get("description", "")
+    problem = name_problem(name)
+    if problem:
+        raise ServiceError(problem, "invalid_dataset", fields={"name": [problem]})
+    if not isinstance(description, str) or len(description) > MAX_DESCRIPTION or "\x00" in description:
+        raise ServiceError(f"description is text of at most {MAX_DESCRIPTION} characters.", "invalid_dataset",
+                           fields={"description": ["Too long or not text."]})
+    try:
+        with transaction.atomic():
+            dataset = Dataset.objects.create(project=project, name=name, description=description,
+                                             created_by=actor.user)
+            audit(actor, "dataset.create", dataset, project=project, after={"name": name})
+    except IntegrityError:
+        raise Conflict(f"Project {project.slug} already has a dataset named {name} (names ignore case); "
+                       "upload a new version to it, or choose another name.", "dataset_exists",
+                       fields={"name": ["Already used."]}) from None
+    return dataset
+
+
+# Versions ---------------------------------------------------------------------------------------
+
+def create_version(actor: Actor, dataset: Dataset, raw_manifest) -> tuple[DatasetVersion, bool]:
+    """A version from a manifest; returns (version, created). The same files sent again resume the
+    caller's unfinished upload of them, or return the latest version when it already holds them."""
+    entries = manifest.clean(raw_manifest)
+    digest = manifest.digest(entries)
+    existing = _same_files(dataset, digest, actor.user)
+    if existing is not None:
+        return existing, False
+    with transaction.atomic():
+        files = _stored_files(dataset.project, entries)
+        version = DatasetVersion.objects.create(
+            dataset=dataset, digest=digest, file_count=len(entries), total_size=sum(e["size"] for e in entries),
+            created_by=actor.user)
+        _add_entries(version, entries, files)
+        audit(actor, "dataset_version.create", version, project=dataset.project,
+              after={"dataset": dataset.name, "digest": digest, "file_count": len(entries)})
+    return version, True
+
+
+def _same_files(dataset: Dataset, digest: str, user) -> DatasetVersion | None:
+    latest = dataset.versions.filter(status=VersionStatus.COMPLETE).order_by("-number").first()
+    if latest is not None and latest.digest == digest:
+        return latest
+    return dataset.versions.filter(status=VersionStatus.UPLOADING, digest=digest, created_by=user,
+                                   job__isnull=True).order_by("-id").first()
+
+
+def _stored_files(project, entries: list[dict]) -> dict[str, DatasetFile]:
+    """The project's DatasetFile of every sha256 in `entries`, created where new."""
+    sizes: dict[str, int] = {}
+    for entry in entries:
+        if sizes.setdefault(entry["sha256"], entry["size"]) != entry["size"]:
+            raise ServiceError(f"Two files with sha256 {entry['sha256']} have different sizes; hash the files "
+                               "again.", "invalid_manifest", fields={"manifest": ["Inconsistent sizes."]})
+    found = _fetch(project, list(sizes))
+    for sha, stored in found.items():
+        if stored.size != sizes[sha]:
+            raise ServiceError(f"The project stores content with sha256 {sha} as {stored.size} bytes, but the "
+                               f"manifest says {sizes[sha]}; hash the file again.", "invalid_manifest",
+                               fields={"manifest": ["Size does not match the sha256."]})
+    new = [DatasetFile(project=project, sha256=sha, size=size) for sha, size in sizes.items() if sha not in found]
+    DatasetFile.objects.bulk_create(new, batch_size=BATCH, ignore_conflicts=True)
+    found.update(_fetch(project, [f.sha256 for f in new]))
+    return found
+
+
+def _fetch(project, shas: list[str]) -> dict[str, DatasetFile]:
+    found = {}
+    for start in range(0, len(shas), BATCH):
+        for stored in DatasetFile.objects.filter(project=project, sha256__in=shas[start:start + BATCH]):
+            found[stored.sha256] = stored
+    return found
+
+
+def _add_entries(version: DatasetVersion, entries: list[dict], files: dict[str, DatasetFile]) -> None:
+    DatasetEntry.objects.bulk_create(
+        [DatasetEntry(version=version, path=e["path"], sha256=e["sha256"], size=e["size"], file=files[e["sha256"]])
+         for e in entries], batch_size=BATCH)
+
+
+def pending_uploads(version: DatasetVersion) -> list[dict]:
+    """The files whose bytes the server still needs, one path per content, with what it has so far."""
+    rows = (version.entries.filter(file__complete=False).order_by("path")
+            .values_list("path", "sha256", "size", "file__received_bytes"))
+    seen, pending = set(), []
+    for path, sha, size, received in rows.iterator(chunk_size=BATCH):
+        if sha not in seen:
+            seen.add(sha)
+            pending.append({"path": path, "sha256": sha, "size": size, "received_bytes": received})
+    return pending
+
+
+def complete_version(actor: Actor, version: DatasetVersion) -> DatasetVersion:
+    with transaction.atomic():
+        version = DatasetVersion.objects.select_for_update().select_related("dataset").get(pk=version.pk)
+        if version.is_complete:
+            return version
+        missing = version.entries.filter(file__complete=False).order_by("path")
+        count = missing.count()
+        if count:
+            first = list(missing.values_list("path", flat=True)[:5])
+            raise Conflict(f"{count} file(s) are not uploaded yet ({', '.join(first)}{' …' if count > 5 else ''}); "
+                           "upload them, then complete the version.", "version_incomplete",
+                           fields={"missing": first})
+        _mark_complete(version)
+        audit(actor, "dataset_version.complete", version, project=version.dataset.project,
+              after={"number": version.number, "digest": version.digest})
+    return version
+
+
+def _mark_complete(version: DatasetVersion) -> None:
+    """Numbers go 1, 2, … per dataset in completion order; the dataset row lock serialises them."""
+    Dataset.objects.select_for_update().filter(pk=version.dataset_id).first()
+    latest = version.dataset.versions.aggregate(latest=Max("number"))["latest"] or 0
+    version.number = latest + 1
+    version.status = VersionStatus.COMPLETE
+    version.completed_at = timezone.now()
+    version.save(update_fields=["number", "status", "completed_at"])
+
+
+# File bytes -------------------------------------------------------------------------------------
+
+def entry_for(version: DatasetVersion, path: str) -> DatasetEntry:
+    entry = version.entries.select_related("file").filter(path=path).first()
+    if entry is None:
+        raise ServiceError(f"{path} is not in this version's manifest; check the path.", "not_in_manifest",
+                           status=404)
+    return entry
+
+
+def receive_file(version: DatasetVersion, path: str, readable, content_range: str | None) -> DatasetFile:
+    """Store bytes of one file, whole or in parts (Content-Range: bytes start-end/size). A part that
+    overlaps what the server has (a part re-sent after a lost answer) is accepted: the bytes already
+    held are skipped. The whole file is checked against its sha256 before it counts."""
+    stored = entry_for(version, path).file
+    if stored.complete:
+        return stored
+    start, end = _range(content_range, stored.size)
+    part = media(f"partial/datasets/{stored.pk}")
+    with storage.exclusive(part) as locked:
+        if not locked:
+            raise Conflict(f"Another upload of {path} (or of a file with the same content) is in progress; "
+                           "resume after it ends.", "upload_in_progress")
+        stored.refresh_from_db()
+        if stored.complete:
+            return stored
+        have = part.stat().st_size if part.exists() else 0
+        if start > have:
+            _save_received(stored, have)
+            raise Conflict(f"The server has the first {have} bytes of {path}; resume the upload from byte {have}.",
+                           "range_mismatch", fields={"received_bytes": [str(have)]})
+        _skip(readable, have - start)
+        try:
+            received = storage.receive(readable, part, limit=min(end + 1, stored.size), append=True)
+        except storage.UploadTooLarge:
+            os.truncate(part, have)
+            raise ServiceError(f"More bytes arrived than Content-Range or the manifest's size ({stored.size}) "
+                               f"allow for {path}; send exactly the bytes of the range.", "size_mismatch") from None
+        return _finish(stored, path, part, received)
+
+
+def _range(header: str | None, size: int) -> tuple[int, int]:
+    if not header:
+        return 0, size - 1
+    match = RANGE.match(header.strip())
+    if not match or int(match.group(3)) != size or int(match.group(1)) > int(match.group(2)) \
+            or int(match.group(2)) >= size:
+        raise ServiceError(f"Content-Range must be 'bytes start-end/{size}' with start ≤ end < {size}.",
+                           "invalid_range")
+    return int(match.group(1)), int(match.group(2))
+
+
+def _skip(readable, count: int) -> None:
+    while count > 0:
+        block = readable.read(min(count, storage.CHUNK))
+        if not block:
+            return
+        count -= len(block)
+
+
+def _save_received(stored: DatasetFile, received: int) -> None:
+    DatasetFile.objects.filter(pk=stored.pk).update(received_bytes=received)
+    stored.received_bytes = received
+
+
+def _finish(stored: DatasetFile, path: str, part: Path, received: int) -> DatasetFile:
+    if received < stored.size:
+        _save_received(stored, received)
+        return stored
+    if storage.sha256_of(part) != stored.sha256:
+        storage.remove(part)
+        _save_received(stored, 0)
+        raise ServiceError(f"The bytes of {path} do not match its sha256 in the manifest; the server dropped them. "
+                           "Check the file did not change while uploading, and upload it again from byte 0.",
+                           "sha256_mismatch")
+    relative = stored_path(stored, None)
+    media(relative).parent.mkdir(parents=True, exist_ok=True)
+    os.replace(part, media(relative))
+    stored.file.name = relative
+    stored.received_bytes = received
+    stored.complete = True
+    stored.save(update_fields=["file", "received_bytes", "complete"])
+    return stored
+
+
+# Versions declared by a job's result.json -----------------------------------------------------
+
+def check_declarations(project, declared: list[dict]) -> None:
+    """Refuse, while the worker can still tell the job's code, a declaration that could not be
+    registered when the job finishes: an unknown dataset id or a name that is not a valid name."""
+    for index, item in enumerate(declared):
+        key = item["dataset_id"]
+        where = f"datasets[{index}].datasetId"
+        if key.isdigit():
+            if not (len(key) < 19 and Dataset.objects.filter(project=project, pk=int(key)).exists()):
+                raise ServiceError(f"{where}: project {project.slug} has no dataset with id {key}; write an existing "
+                                   "dataset's id, or its name (a new name creates the dataset).", "unknown_dataset",
+                                   fields={"result": [where]})
+        elif name_problem(key):
+            raise ServiceError(f"{where}: {name_problem(key)}", "invalid_dataset_name", fields={"result": [where]})
+
+
+def register_job_outputs(job) -> list[DatasetVersion]:
+    """Turn the finished job's declared `datasets` into complete versions, from its uploaded output
+    files (hard links, no copies). Runs once, inside the job's completion transaction."""
+    declared = (job.result or {}).get("datasets") or []
+    if not declared or job.dataset_versions.exists():
+        return []
+    versions = []
+    for item in declared:
+        dataset = _declared_dataset(job, item["dataset_id"])
+        if dataset is None:
+            continue
+        versions.append(_job_version(job, dataset, item))
+    return versions
+
+
+def _declared_dataset(job, key: str) -> Dataset | None:
+    if key.isdigit():
+        dataset = Dataset.objects.filter(project=job.project_id, pk=int(key)).first()
+        if dataset is None:
+            log.warning("job %s declared dataset %s, deleted since; no version made", job.pk, key)
+        return dataset
+    dataset = Dataset.objects.filter(project=job.project_id, name__iexact=key).first()
+    if dataset is not None:
+        return dataset
+    try:
+        with transaction.atomic():
+            dataset = Dataset.objects.create(project=job.project, name=key, created_by=job.created_by,
+                                             description=f"Created by job {job.pk}.")
+            audit(Actor(job.created_by), "dataset.create", dataset, project=job.project,
+                  after={"name": key, "job": job.pk})
+            return dataset
+    except IntegrityError:  # another job created it a moment ago
+        return Dataset.objects.get(project=job.project_id, name__iexact=key)
+
+
+def _job_version(job, dataset: Dataset, item: dict) -> DatasetVersion:
+    version = DatasetVersion(dataset=dataset, created_by=job.created_by, job=job, schema=item.get("schema") or {},
+                             metadata=item.get("metadata") or {})
+    if item["source"] == "uri":
+        version.uri, version.digest = item["uri"], item["digest"]
+        version.save()
+    else:
+        entries, sources = _entries_from_outputs(job, item)
+        version.digest = manifest.digest(entries)
+        version.file_count, version.total_size = len(entries), sum(e["size"] for e in entries)
+        version.save()
+        files = _stored_files(dataset.project, entries)
+        _adopt(files, sources)
+        _add_entries(version, entries, files)
+    _mark_complete(version)
+    audit(Actor(job.created_by), "dataset_version.create", version, project=dataset.project,
+          after={"dataset": dataset.name, "digest": version.digest, "file_count": version.file_count, "job": job.pk})
+    return version
+
+
+def _entries_from_outputs(job, item: dict) -> tuple[list[dict], dict[str, str]]:
+    """The version's entries (paths relative to the declared directory) and, per sha256, the stored
+    output file that holds those bytes."""
+    path = item["path"].rstrip("/")
+    rows = job.artifacts.filter(complete=True)
+    rows = rows.filter(path__startswith=path + "/") if item["is_directory"] else rows.filter(path=path)
+    entries, sources = [], {}
+    for artifact_path, sha, size, name in rows.values_list("path", "sha256", "size", "file").iterator(chunk_size=BATCH):
+        inside = artifact_path[len(path) + 1:] if item["is_directory"] else artifact_path.rsplit("/", 1)[-1]
+        entries.append({"path": inside, "sha256": sha, "size": size})
+        sources.setdefault(sha, name)
+    entries.sort(key=lambda e: e["path"])
+    return entries, sources
+
+
+def _adopt(files: dict[str, DatasetFile], sources: dict[str, str]) -> None:
+    """Store each new content by hard-linking the job's output file (a copy across file systems)."""
+    adopted = []
+    for sha, stored in files.items():
+        if stored.complete:
+            continue
+        relative = stored_path(stored, None)
+        target = media(relative)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        temporary = target.with_name(f".{sha}.{uuid.uuid4().hex}")
+        try:
+            os.link(media(sources[sha]), temporary)
+        except OSError:
+            shutil.copyfile(media(sources[sha]), temporary)
+        os.replace(temporary, target)
+        stored.file.name, stored.received_bytes, stored.complete = relative, stored.size, True
+        adopted.append(stored)
+    DatasetFile.objects.bulk_update(adopted, ["file", "received_bytes", "complete"], batch_size=BATCH)
