@@ -227,6 +227,8 @@ def computer_apply_suggested(request, pk):
 def computer_add(request):
     """Global administrators choose the Type; everyone else (and Type Site) gets the one-screen site form."""
     kind = request.POST.get("kind") if request.method == "POST" else request.GET.get("kind")
+    if kind in (Kind.SSH, Kind.LOCAL) and not access.can_add(request.user, Kind.SSH):
+        raise PermissionDenied(_("Only global administrators can add SSH and Local computers."))
     if not access.can_add(request.user, Kind.SSH) or kind == Kind.SITE:
         return site_views.add_site(request)
     workers = access.workers_to_choose(request.user)
