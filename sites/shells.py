@@ -259,8 +259,8 @@ case $mmt_find_status in
 0) if [ -n "$mmt_found" ]; then printf '%s\\n' "$mmt_found"; fi ;;
 1) mmt_submit ;;
 *)
-    printf 'mado job shell: mmt_find could not tell whether %s was already submitted (status %s); not submitting it again.\\n' \\
-        "mmt-${MMT_JOB_IDS%%,*}" "$mmt_find_status" >&2
+    printf 'mado job shell: mmt_find could not tell whether %s was already submitted (status %s); %s\\n' \\
+        "mmt-${MMT_JOB_IDS%%,*}" "$mmt_find_status" "not submitting it again." >&2
     exit "$mmt_find_status"
     ;;
 esac"""
