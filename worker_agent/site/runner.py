@@ -922,7 +922,7 @@ class Runner:
             break
         detail = (f" (exit code {completion['exit_code']})" if completion.get("exit_code") is not None else "") + \
             (f", {completion['end_reason']}" if completion.get("end_reason") else "") + \
-            (f": {completion['error']}" if completion.get("error") else "")
+            (f": {completion['error'].rstrip('.')}" if completion.get("error") else "")
         note(f"Job {self.id} ended {completion['status']}{detail}.")
         return EXIT_OK if completion["status"] == "finished" else EXIT_FAILED
 

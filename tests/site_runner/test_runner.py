@@ -1,0 +1,216 @@
+"""The runner on the compute node against the real server (see conftest.py): a Job's whole life as a
+site reports it — start, waiting_resources → running, logs in order, outputs and artifacts, finish —
+and the ways it ends otherwise: a second runner, the scheduler's SIGTERM, a stop request, a bad spec
+directory, a token that ended."""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from jobs.models import Artifact, JobEvent, Metric
+from sites.models import Submission
+from tests.conftest import bearer
+from tests.site_runner.conftest import SCHEDULER_JOB_ID, lib_runner, write_spec_dir
+from tests.support import wait_for
+from worker_agent import supervisor
+
+TRAIN = '''\
+import hashlib, json, os, sys
+params = json.load(open(os.environ["MMT_PARAMETERS_FILE"]))
+for i in range(params["lines"]):
+    print(f"line {i:04d} 評価")
+    if i % 50 == 0:
+        print(f"progress {i}", file=sys.stderr)
+out = os.environ["MMT_OUTPUTS_DIR"]
+data = bytes(range(256)) * 64
+with open(os.path.join(out, "model.bin"), "wb") as f:
+    f.write(data)
+result = {"version": 1, "complete": True,
+          "artifacts": [{"path": "model.bin", "sha256": hashlib.sha256(data).hexdigest(), "size": len(data)}],
+          "metrics": [{"name": "train.loss", "value": 0.25, "step": 1}, {"name": "train.loss", "value": 0.125, "step": 2}]}
+with open(os.environ["MMT_RESULT_FILE"], "w") as f:
+    json.dump(result, f)
+print("cwd", os.getcwd(), "api", os.environ["MMT_API_URL"], "job", os.environ["MMT_JOB_ID"])
+'''
+
+# Prints a numbered line every 0.1 s until stopped; says which signal stopped it.
+TICKER = '''\
+import signal, sys, time
+def stop(signum, frame):
+    print("got", signal.Signals(signum).name, flush=True)
+    sys.exit(143)
+signal.signal(signal.SIGTERM, stop)
+i = 0
+while True:
+    print(f"tick {i}", flush=True)
+    i += 1
+    time.sleep(0.1)
+'''
+
+
+def ticker_lines(text: str) -> list[int]:
+    return [int(line.split()[1]) for line in text.splitlines() if line.startswith("tick ")]
+
+
+def test_python_job_from_a_source_archive_finishes_with_logs_metrics_and_artifact(site):
+    lines = 300
+    job = site.job(["python", "train.py"], source=site.source({"train.py": TRAIN}), parameters={"lines": lines})
+    spec_dir, spec = site.submit(job)
+    assert site.status(job) == "submitted"
+    assert (spec_dir / "job.json").stat().st_mode & 0o777 == 0o600
+
+    runner = site.start_runner(spec_dir, MMT_ARRAY_INDEX=0)
+    site.wait_status(job, "waiting_resources", "running", "finished")
+    assert runner.wait() == 0, runner.output()
+
+    job.refresh_from_db()
+    assert (job.status, job.exit_code, job.end_reason) == ("finished", 0, "exit_code"), job.error
+    assert job.started_at is not None and job.finished_at >= job.started_at
+    stdout = site.log(job, "stdout")
+    expected = "".join(f"line {i:04d} 評価\n" for i in range(lines))
+    assert stdout.startswith(expected)
+    workspace = f"{site.work_dir}/.mmt/jobs/{job.pk}"
+    # The code ran in the unpacked source, and reaches the server at the site's runner API URL.
+    assert stdout[len(expected):] == f"cwd {workspace}/source api {site.url} job {job.pk}\n"
+    stderr = site.log(job, "stderr")
+    assert [line for line in stderr.splitlines() if line.startswith("progress")] == \
+        [f"progress {i}" for i in range(0, lines, 50)]
+
+    assert [(m.name, m.value, m.step) for m in Metric.objects.filter(job=job).order_by("step")] == \
+        [("train.loss", 0.25, 1), ("train.loss", 0.125, 2)]
+    artifact = Artifact.objects.get(job=job)
+    data = bytes(range(256)) * 64
+    assert (artifact.path, artifact.size, artifact.sha256, artifact.complete) == \
+        ("model.bin", len(data), hashlib.sha256(data).hexdigest(), True)
+
+    row = Submission.objects.get(job=job)
+    assert row.runner_hostname == socket.gethostname() and row.scheduler_job_id == SCHEDULER_JOB_ID
+    kinds = list(JobEvent.objects.filter(job=job).order_by("id").values_list("kind", flat=True))
+    assert kinds.index("runner_started") < kinds.index("started") < kinds.index("finished"), kinds
+    assert spec["token"] not in runner.output()
+
+    # The Job has ended, and its token with it: the same spec directory cannot report again.
+    again = site.start_runner(spec_dir)
+    assert again.wait() == 3
+    assert "no longer valid" in again.output() and spec["token"] not in again.output()
+
+
+def test_second_runner_of_the_same_job_exits_3_and_the_first_one_goes_on(site):
+    job = site.job(["python", "-c", TICKER])
+    spec_dir, spec = site.submit(job)
+    first = site.start_runner(spec_dir)
+    site.wait_status(job, "running")
+
+    second = site.start_runner(spec_dir)
+    assert second.wait(timeout=30) == 3
+    assert "another runner already reports this Job" in second.output(), second.output()
+    assert spec["token"] not in second.output()
+    assert site.status(job) == "running"
+
+    first.signal(signal.SIGTERM)
+    assert first.wait() == 1, first.output()
+    assert site.status(job) == "failed"
+
+
+def test_sigterm_from_the_scheduler_ends_the_job_timed_out_and_keeps_its_logs(site):
+    job = site.job(["python", "-c", TICKER])
+    spec_dir, _ = site.submit(job)
+    runner = site.start_runner(spec_dir)
+    site.wait_status(job, "running")
+    wait_for(lambda: len(ticker_lines(site.log(job, "stdout"))) >= 10, timeout=20, what="ten ticks stored")
+
+    runner.signal(signal.SIGTERM)  # what Slurm's --signal=B:TERM@120 does before the time limit
+    assert runner.wait(timeout=40) == 1, runner.output()
+
+    job.refresh_from_db()
+    assert (job.status, job.end_reason) == ("failed", "timed_out"), job.error
+    assert "time limit" in job.error
+    stdout = site.log(job, "stdout")
+    ticks = ticker_lines(stdout)
+    assert len(ticks) >= 10 and ticks == list(range(len(ticks)))  # everything up to the stop, in order
+    assert stdout.endswith("got SIGTERM\n")  # the code had its SIGTERM, and what it said then arrived
+    assert "SIGTERM received" in runner.output()
+    # Nothing of the Job is left running.
+    state = json.loads(Path(f"{site.work_dir}/.mmt/jobs/{job.pk}/state.json").read_text())
+    assert state["status"] == "canceled" and not supervisor.is_alive(state["pid"], state["identity"])
+
+
+def test_stop_request_cancels_the_running_job(site):
+    job = site.job(["python", "-c", TICKER])
+    spec_dir, _ = site.submit(job)
+    runner = site.start_runner(spec_dir)
+    site.wait_status(job, "running")
+
+    answer = bearer(site.world.member_token(site.world.project_admin)).post(f"/api/jobs/{job.pk}/stop")
+    assert answer.status_code == 200, answer.content
+    asked = time.monotonic()
+    assert runner.wait(timeout=40) == 1, runner.output()
+    # The next heartbeat (every 5 s) carries the request; SIGTERM stops the code at once.
+    assert time.monotonic() - asked < 15
+
+    job.refresh_from_db()
+    assert (job.status, job.end_reason) == ("canceled", "canceled")
+    stdout = site.log(job, "stdout")
+    assert stdout.endswith("got SIGTERM\n") and ticker_lines(stdout) == list(range(len(ticker_lines(stdout))))
+    assert "A stop was requested" in runner.output()
+
+
+def test_non_zero_exit_and_invalid_result_end_failed(site):
+    failing = site.job(["python", "-c", "import sys; print('bye'); sys.exit(3)"])
+    spec_dir, _ = site.submit(failing)
+    assert site.start_runner(spec_dir).wait() == 1
+    failing.refresh_from_db()
+    assert (failing.status, failing.exit_code, failing.end_reason) == ("failed", 3, "exit_code")
+    assert site.log(failing, "stdout") == "bye\n"
+
+    wrong = ("import json, os; open(os.environ['MMT_OUTPUTS_DIR'] + '/a.txt', 'w').write('x'); "
+             "json.dump({'version': 1, 'complete': True, 'artifacts': [{'path': 'a.txt', 'sha256': '0' * 64, "
+             "'size': 1}]}, open(os.environ['MMT_RESULT_FILE'], 'w'))")
+    invalid = site.job(["python", "-c", wrong])
+    spec_dir, _ = site.submit(invalid)
+    runner = site.start_runner(spec_dir)
+    assert runner.wait() == 1
+    invalid.refresh_from_db()
+    assert (invalid.status, invalid.exit_code, invalid.end_reason) == ("failed", 0, "invalid_result")
+    assert "a.txt" in invalid.error and "sha256" in invalid.error
+    assert not Artifact.objects.filter(job=invalid).exists()
+
+
+def run_lib_runner(spec_dir: Path, *args: str) -> subprocess.CompletedProcess:
+    """`python SPEC_DIR/lib/worker_agent/site/runner.py …` with nothing but the standard library (-I -S)."""
+    return subprocess.run([sys.executable, "-I", "-S", str(lib_runner(spec_dir)), *args], capture_output=True,
+                          text=True, timeout=30, check=False)
+
+
+def test_bad_spec_directory_exits_2_with_what_to_fix(tmp_path):
+    spec_dir = write_spec_dir(tmp_path / "spec", api_url="http://127.0.0.1:9", token="mmtj_" + "A" * 43,
+                              job={"id": 5}, runner_python=sys.executable)
+
+    missing = run_lib_runner(spec_dir, str(tmp_path / "nowhere"))
+    assert missing.returncode == 2 and "nowhere cannot be read" in missing.stderr and "MMT_SPEC_DIR" in missing.stderr
+
+    (spec_dir / "job.json").write_text("{not json")
+    broken = run_lib_runner(spec_dir, str(spec_dir))
+    assert broken.returncode == 2 and "job.json is not valid JSON" in broken.stderr
+
+    (spec_dir / "job.json").write_text(json.dumps({"format": 2, "api_url": "http://x", "token": "t", "job": {"id": 5}}))
+    newer = run_lib_runner(spec_dir, str(spec_dir))
+    assert newer.returncode == 2 and "format 2" in newer.stderr
+
+    (spec_dir / "job.json").write_text(json.dumps({"format": 1, "api_url": "ftp://x", "token": "t", "job": {"id": 5}}))
+    url = run_lib_runner(spec_dir, str(spec_dir))
+    assert url.returncode == 2 and "api_url" in url.stderr
+
+    (spec_dir / "job.json").write_text(json.dumps({"format": 1, "api_url": "http://x", "token": "t", "job": {}}))
+    no_job = run_lib_runner(spec_dir, str(spec_dir))
+    assert no_job.returncode == 2 and "numeric id" in no_job.stderr
+
+    usage = run_lib_runner(spec_dir)
+    assert usage.returncode == 2 and "usage: mado-tracking runner SPEC_DIR" in usage.stderr
