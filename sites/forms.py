@@ -46,7 +46,7 @@ class SiteForm(forms.Form):
     name = forms.CharField(label=_("Name"), max_length=64, required=False,
                            help_text=_("Shown on screen and in the computer choices of Jobs"))
     visibility = forms.ChoiceField(
-        label=_("Visibility"), choices=Visibility.choices, initial=Visibility.PRIVATE, widget=forms.RadioSelect, required=False,
+        label=_("Visibility"), choices=Visibility.choices, initial=Visibility.PRIVATE, required=False,
         help_text=_("With Private (the default), only Jobs of you and of the Service Accounts you created run. "
                     "To let other people use it as well, choose Public"))
     submission = forms.ChoiceField(label=_("Submission method"), choices=SubmissionMethod.choices,

@@ -44,9 +44,9 @@ def form_fields(**overrides) -> dict:
 
 def field_errors(page: str, name: str) -> str:
     """The errors shown under one field of the site form."""
-    match = re.search(rf'data-field="{name}".*?(?=<div class="field|<div class="row|<footer)', page, re.S)
+    match = re.search(rf'data-field="{name}".*?(?=<div class="field|<div class="row|<div class="radios|<footer)', page, re.S)
     if match is None:
-        match = re.search(rf'name="{name}".*?(?=<div class="field|<div class="row|<footer)', page, re.S)
+        match = re.search(rf'name="{name}".*?(?=<div class="field|<div class="row|<div class="radios|<footer)', page, re.S)
     assert match, f"no field {name}"
     errors = re.search(r'<div class="errors" role="alert">(.*?)</div>', match.group(0), re.S)
     return errors.group(1) if errors else ""
@@ -61,7 +61,7 @@ def test_a_researcher_gets_only_the_site_form(client, world):
     assert "ssh_key_path" not in page and "Worker for this connection" not in page
     assert 'name="submission"' in page and 'name="known_hosts"' in page
     # Private is the default visibility.
-    assert re.search(r'value="private"[^>]*checked', page)
+    assert re.search(r'<option value="private" selected>', page)
 
 
 def test_a_global_admin_chooses_site_in_type(client, world):
