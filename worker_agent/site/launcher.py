@@ -296,7 +296,7 @@ class Launcher:
         for site in sites.values():
             if self.stop.is_set():
                 return config
-            if site.get("enabled", True) and int(site.get("claimable") or 0) > 0:
+            if site.get("enabled", True) and int(site.get("claimable") or 0) > 0 and int(site.get("free", 1)) > 0:
                 self.submit_site(site, failed_logins)
         self.pool.prune()
         return config
@@ -405,7 +405,8 @@ class Launcher:
 
     def submit_site(self, site: dict, failed_logins: dict) -> None:
         computer = int(site["computer"])
-        limit = max(1, min(MAX_LIMIT, int(site.get("max_active_submissions") or MAX_LIMIT)))
+        capacity = site.get("free", site.get("max_active_submissions")) or MAX_LIMIT
+        limit = max(1, min(MAX_LIMIT, int(capacity)))
         try:
             items = self.api.claim(computer, limit)
         except FatalApiError:
@@ -435,9 +436,9 @@ class Launcher:
             failed_logins[login] = exc.detail
             return Outcome("failed", error=exc.detail)
         if submission.get("adopt"):
-            # The answer to an earlier claim was lost before anything was reported: submitting again is
-            # safe, because a second runner of the same Job is refused (409) and exits.
-            log.info("submitting Jobs %s again (adopted from an earlier claim)", submission.get("job_ids"))
+            # The answer to an earlier claim was lost: the server rendered the script to look for that
+            # try first (mmt_find) and print its scheduler id instead of submitting twice.
+            log.info("Jobs %s were claimed before without a report: adopting them", submission.get("job_ids"))
         try:
             write_remote(connection, submission)
             result = run_script(connection, submission["script"], timeout=self.submit_seconds)

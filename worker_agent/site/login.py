@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import fnmatch
 import hashlib
 import hmac
 import logging
@@ -118,11 +117,17 @@ class _Line:
                     matched = True
                 continue
             negated = pattern.startswith("!")
-            if fnmatch.fnmatchcase(name, pattern.lstrip("!")):
+            if _wildcard_match(name, pattern.lstrip("!")):
                 if negated:
                     return False
                 matched = True
         return matched
+
+
+def _wildcard_match(name: str, pattern: str) -> bool:
+    """OpenSSH patterns: only * and ? are special ([host]:port brackets are literal), case-insensitive."""
+    regex = "".join(".*" if ch == "*" else "." if ch == "?" else re.escape(ch) for ch in pattern)
+    return re.fullmatch(regex, name, re.IGNORECASE) is not None
 
 
 def _hashed_match(entry: str, name: str) -> bool:
