@@ -291,7 +291,8 @@ def job_stop(request, project, pk):
         else:
             return dialog_done(request, "jobsChanged", back)
     context = {"project": job.project, "job": job, "refusal": access.stop_refusal(request.user, job),
-               "error": error, "origin": origin or "detail", "queued": job.status in (JobStatus.QUEUED, JobStatus.WAITING_MANUAL)}
+               "error": error, "origin": origin or "detail",
+               "queued": job.status in (JobStatus.QUEUED, JobStatus.WAITING_MANUAL)}
     # A refusal (the job ended meanwhile) is shown in the dialog with 200: htmx swaps no 4xx answer.
     return dialog(request, "jobs/partials/_stop_dialog.html", context, back=back, page="jobs/dialog_page.html")
 

@@ -10,7 +10,10 @@ import pytest
 
 from computers.models import ComputeTarget
 from tests.browser import chromium_page  # noqa: F401  (fixture)
-from tests.sites.conftest import LOGIN_HOST, host_keys, launcher  # noqa: F401  (fixtures)
+from tests.sites import conftest as site_fixtures
+from tests.sites.conftest import LOGIN_HOST
+
+host_keys, launcher = site_fixtures.host_keys, site_fixtures.launcher  # fixtures of tests/sites
 
 os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
 
@@ -35,7 +38,7 @@ def sign_in_and_open_add(browser, username: str, password: str):
 
 
 def test_a_researcher_adds_a_manual_site_and_sees_its_details_in_chromium(
-    transactional_db, live_server, world, chromium_page, launcher  # noqa: F811
+    transactional_db, live_server, world, chromium_page, launcher  # noqa: F811  (chromium_page)
 ):
     from playwright.sync_api import expect
 

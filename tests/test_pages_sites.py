@@ -16,7 +16,12 @@ from jobs.models import Job
 from mado.services import Actor
 from sites import services
 from sites.models import JobShell, LauncherKey, SiteUserSettings
-from tests.sites.conftest import LOGIN_HOST, host_keys, launcher, make_site, site_fields  # noqa: F401
+from tests.sites import conftest as site_fixtures
+from tests.sites.conftest import LOGIN_HOST
+
+# The sites tests' fixtures (tests/sites/conftest.py): a launcher, host keys, a valid site's fields.
+host_keys, launcher, site_fields, make_site = (site_fixtures.host_keys, site_fixtures.launcher,
+                                               site_fixtures.site_fields, site_fixtures.make_site)
 
 HTMX = {"HTTP_HX_REQUEST": "true"}
 
@@ -44,9 +49,9 @@ def form_fields(**overrides) -> dict:
 
 def field_errors(page: str, name: str) -> str:
     """The errors shown under one field of the site form."""
-    match = re.search(rf'data-field="{name}".*?(?=<div class="field|<div class="row|<div class="radios|<footer)', page, re.S)
-    if match is None:
-        match = re.search(rf'name="{name}".*?(?=<div class="field|<div class="row|<div class="radios|<footer)', page, re.S)
+    until = r'(?=<div class="field|<div class="row|<div class="radios|<footer)'
+    match = re.search(rf'data-field="{name}".*?{until}', page, re.S) or re.search(rf'name="{name}".*?{until}',
+                                                                                 page, re.S)
     assert match, f"no field {name}"
     errors = re.search(r'<div class="errors" role="alert">(.*?)</div>', match.group(0), re.S)
     return errors.group(1) if errors else ""
@@ -174,7 +179,8 @@ def test_job_shell_versions_through_the_page(client, world, make_site):
     page = html(client.post(url, {"content": changed}, **HTMX))
     assert "The content is the same as version 2; no new version was made." in page
     assert list(target.job_shells.values_list("version", flat=True).order_by("version")) == [1, 2]
-    rows = re.findall(r'<tr data-version="(\d+)"><td>\d+.*?</td>\s*<td>(\w+)</td>.*?<code class="sha256">(\w+)</code>', page, re.S)
+    rows = re.findall(r'<tr data-version="(\d+)"><td>\d+.*?</td>\s*<td>(\w+)</td>.*?<code class="sha256">(\w+)</code>',
+                      page, re.S)
     shells = {s.version: s for s in target.job_shells.all()}
     assert rows == [("2", "alice", shells[2].sha256), ("1", "alice", shells[1].sha256)]
     old = html(client.get(reverse("site-job-shell-version", args=[target.pk, 1]), **HTMX))
