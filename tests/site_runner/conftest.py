@@ -16,10 +16,13 @@ import os
 import shlex
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tarfile
+import threading
 import uuid
+from urllib.parse import urlsplit
 from pathlib import Path
 
 import pytest
@@ -97,6 +100,54 @@ class RunnerProcess:
             self.process.wait()
         if not self.log_file.closed:
             self.log_file.close()
+
+
+class FlakyProxy:
+    """A TCP proxy to the live server that can fail for a while, as a network between a compute node
+    and the server does: `mode` "503" answers every request 503, "reset" drops every connection at once,
+    None forwards."""
+
+    def __init__(self, url: str):
+        parts = urlsplit(url)
+        self.upstream = (parts.hostname, parts.port)
+        self.mode: str | None = None
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(client,), daemon=True).start()
+
+    def _serve(self, client: socket.socket) -> None:
+        with client:
+            if self.mode == "reset":
+                return
+            if self.mode == "503":
+                client.recv(65536)
+                client.sendall(b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+                return
+            with socket.create_connection(self.upstream) as server:
+                back = threading.Thread(target=self._pump, args=(server, client), daemon=True)
+                back.start()
+                self._pump(client, server)
+                back.join(timeout=60)
+
+    @staticmethod
+    def _pump(source: socket.socket, sink: socket.socket) -> None:
+        try:
+            while data := source.recv(65536):
+                sink.sendall(data)
+            sink.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass
+
+    def close(self) -> None:
+        self.listener.close()
 
 
 class SiteRunner:

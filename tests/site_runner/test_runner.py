@@ -17,7 +17,7 @@ from pathlib import Path
 from jobs.models import Artifact, JobEvent, Metric
 from sites.models import Submission
 from tests.conftest import bearer
-from tests.site_runner.conftest import SCHEDULER_JOB_ID, lib_runner, write_spec_dir
+from tests.site_runner.conftest import SCHEDULER_JOB_ID, FlakyProxy, lib_runner, write_spec_dir
 from tests.support import wait_for
 from worker_agent import supervisor
 
@@ -214,3 +214,38 @@ def test_bad_spec_directory_exits_2_with_what_to_fix(tmp_path):
 
     usage = run_lib_runner(spec_dir)
     assert usage.returncode == 2 and "usage: mado-tracking runner SPEC_DIR" in usage.stderr
+
+
+def test_a_network_cut_delays_logs_and_heartbeats_but_loses_and_repeats_nothing(site):
+    """503s, then connections dropped, for a few seconds while the code prints: the runner retries with
+    backoff, the Job stays running, and every line arrives once and in order after the network is back."""
+    job = site.job(["python", "-c", TICKER])
+    spec_dir, spec = site.submit(job)
+    proxy = FlakyProxy(site.url)
+    try:
+        write_spec_dir(spec_dir, api_url=proxy.url, token=spec["token"], job=spec["job"],
+                       runner_python=sys.executable)
+        runner = site.start_runner(spec_dir)
+        site.wait_status(job, "running")
+        wait_for(lambda: ticker_lines(site.log(job, "stdout")), timeout=20, what="the first ticks")
+
+        proxy.mode = "503"
+        time.sleep(3)
+        proxy.mode = "reset"
+        time.sleep(3)
+        during = len(ticker_lines(site.log(job, "stdout")))
+        proxy.mode = None
+        # About 60 lines were printed during the cut: they arrive now, after those stored before it.
+        wait_for(lambda: len(ticker_lines(site.log(job, "stdout"))) >= during + 60, timeout=40,
+                 what="the lines printed during the cut")
+        assert site.status(job) == "running"
+
+        runner.signal(signal.SIGTERM)
+        assert runner.wait(timeout=60) == 1, runner.output()
+    finally:
+        proxy.close()
+    ticks = ticker_lines(site.log(job, "stdout"))  # contiguous from byte 0, no chunk twice
+    assert ticks == list(range(len(ticks)))
+    assert "not delivered yet" in runner.output()
+    job.refresh_from_db()
+    assert (job.status, job.end_reason) == ("failed", "timed_out")

@@ -118,8 +118,11 @@ def mask(text: str, token: str = "") -> str:
     return TOKEN_RE.sub(lambda m: m.group(0)[:12] + "…", text)
 
 
+REFUSING_409 = ("runner_conflict", "job_ended", "runner_not_started", "not_a_site_job")
+
+
 def is_refusal(status: int | None, code: str | None) -> bool:
-    return status in (401, 403, 404) or (status == 409 and code in ("runner_conflict", "job_ended"))
+    return status in (401, 403, 404) or (status == 409 and code in REFUSING_409)
 
 
 # -- the spec directory -------------------------------------------------------------------------
@@ -287,9 +290,10 @@ class Api:
         return kind(text, status=status, code=code, body=body)
 
     def call(self, method: str, path: str, *, body: dict | None = None, patience: float | None = None,
-             what: str = "", **kwargs) -> dict:
+             what: str = "", give_up=None, **kwargs) -> dict:
         """`once` until the server answers: network trouble, 429 and 5xx are retried with backoff, for
-        at most `patience` seconds (None: as long as it takes, as the Job's end must be reported)."""
+        at most `patience` seconds (None: as long as it takes, as the Job's end must be reported) or
+        until `give_up()` says so."""
         started = time.monotonic()
         failures = 0
         while True:
@@ -297,7 +301,7 @@ class Api:
                 return self.once(method, path, body=body, **kwargs)
             except Unavailable as exc:
                 failures += 1
-                if patience is not None and time.monotonic() - started >= patience:
+                if (patience is not None and time.monotonic() - started >= patience) or (give_up and give_up()):
                     raise
                 delay = min(RETRY_CAP, 0.5 * 2 ** min(failures, 8)) * random.uniform(0.5, 1.0)
                 if failures == 1 or failures % 10 == 0:
@@ -532,6 +536,9 @@ class Runner:
         except Refused as exc:
             return self.refused_exit(exc)
         except Unavailable as exc:
+            if self.stop_reason:
+                note(f"{exc} Stopped by a signal before the server answered; nothing ran.")
+                return EXIT_FAILED
             note(f"{exc} The runner gave up after {START_PATIENCE:.0f} s: check the site's runner API URL and that "
                  "compute nodes can reach the server.")
             return EXIT_CONFIG
@@ -559,7 +566,8 @@ class Runner:
             body["array_index"] = int(index)
         note(f"Job {self.id}: runner {self.runner_id} starting on {body['hostname']}"
              + (f" (scheduler job {scheduler_id})" if scheduler_id else "") + ".")
-        answer = self.api.call("POST", "start", body=body, patience=START_PATIENCE, what="start")
+        answer = self.api.call("POST", "start", body=body, patience=START_PATIENCE, what="start",
+                               give_up=lambda: self.stop_reason is not None)
         self.heartbeat_seconds = _bounded(answer.get("heartbeat_seconds"), 5.0, 1.0, 60.0)
         self.log_interval = _bounded(answer.get("log_interval_seconds"), 1.0, 0.2, 30.0)
         return answer
@@ -614,9 +622,11 @@ class Runner:
         if not computer.get("python_path"):
             computer["python_path"] = sys.executable or "python3"
         job["computer"] = computer
-        if not job.get("gpu_ids") and os.environ.get("CUDA_VISIBLE_DEVICES", "").strip():
+        allocated = [g.strip() for g in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")
+                     if g.strip() and g.strip() != "NoDevFiles"]
+        if not job.get("gpu_ids") and allocated:
             # The scheduler chose the GPUs of this allocation; keep them visible to the code.
-            job["gpu_ids"] = [g for g in os.environ["CUDA_VISIBLE_DEVICES"].split(",") if g.strip()]
+            job["gpu_ids"] = allocated
         return job
 
     # -- preparing --------------------------------------------------------------------------------
