@@ -137,7 +137,11 @@ def project_tokens(request, project):
 def personal_token_create(request, project):
     project = access.project_for_user(request.user, project, Role.MEMBER)
     allowed = services.allowed_scopes(request.user, project, TokenKind.PERSONAL)
-    form = TokenForm(request.POST or None, allowed_scopes=allowed)
+    initial = None
+    if request.method == "GET" and request.GET.getlist("scopes"):
+        # Shortcuts such as the manual-submission instructions preselect the scopes they need.
+        initial = {"scopes": [s for s in request.GET.getlist("scopes") if s in allowed]}
+    form = TokenForm(request.POST or None, allowed_scopes=allowed, initial=initial)
     context = {"project": project, "form": form, "action": reverse("personal-token-create", args=[project.slug])}
     if request.method == "POST" and form.is_valid():
         try:

@@ -123,12 +123,13 @@ def test_edit_disable_and_open_connection_check_appear_only_on_rows_the_person_m
             assert (action in row) == (name in manageable), (who, name, action)
 
 
-def test_only_global_administrators_get_the_add_computer_button_and_dialog(client, world, machines):
+def test_only_global_administrators_add_ssh_and_local_computers(client, world, machines):
     assert "Add computer" in html(signed_in(client, world.global_admin).get(reverse("computers")))
     assert signed_in(client, world.global_admin).get(reverse("computer-add"), **HTMX).status_code == 200
     for user in [world.project_admin, world.member, world.outsider]:
-        assert "Add computer" not in html(signed_in(client, user).get(reverse("computers")))
-        assert signed_in(client, user).get(reverse("computer-add"), **HTMX).status_code == 403
+        assert "Add computer" in html(signed_in(client, user).get(reverse("computers")))  # sites: anyone (seed 003)
+        dialog = html(signed_in(client, user).get(reverse("computer-add"), **HTMX))
+        assert 'name="kind" value="site"' in dialog and "ssh_key_path" not in dialog
         refused = signed_in(client, user).post(reverse("computer-add"), step1_fields(1, action="continue"))
         assert refused.status_code == 403
     assert not ComputeTarget.objects.filter(name="gpu-host-1").exists()

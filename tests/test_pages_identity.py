@@ -428,3 +428,13 @@ def test_global_settings_leads_to_the_computers_list(world, client):
     client.force_login(world.member)
     page = client.get("/settings/").content.decode()
     assert 'href="/settings/computers/"' in page
+
+
+def test_the_personal_token_dialog_preselects_the_scopes_a_shortcut_asks_for_and_only_allowed_ones(client, world):
+    """The manual-submission instructions link here with read and jobs:write preselected."""
+    signed_in(client, world.member)  # bob: a member may not hold worker:execute
+    url = reverse("personal-token-create", args=["lab"]) + "?scopes=read&scopes=jobs:write&scopes=worker:execute"
+    page = html(client.get(url))
+    checked = set(re.findall(r'name="scopes" value="([^"]+)"[^>]*checked', page))
+    assert checked == {"read", "jobs:write"}
+    assert 'value="worker:execute"' not in page
