@@ -22,8 +22,8 @@ import sys
 import tarfile
 import threading
 import uuid
-from urllib.parse import urlsplit
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 

@@ -39,6 +39,7 @@ from __future__ import annotations
 import hashlib
 import http.client
 import json
+import math
 import os
 import random
 import re
@@ -61,7 +62,7 @@ import uuid
 if __package__ in (None, ""):  # run as a file: python SPEC_DIR/lib/worker_agent/site/runner.py SPEC_DIR
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-from worker_agent import __version__, results, runtimes, supervisor  # noqa: E402
+from worker_agent import __version__, results, runtimes, supervisor
 
 SPEC_FORMAT = 1
 SPEC_ROOT = ".mmt-submissions"
@@ -594,7 +595,8 @@ class Runner:
             self.prepare()
         except StartFailed as exc:
             note(f"The Job could not start: {exc}")
-            return self.finish({"status": "failed", "end_reason": "start_failed", "error": str(exc)[:1000]})
+            reason = "timed_out" if self.stop_reason == "timed_out" else "start_failed"
+            return self.finish({"status": "failed", "end_reason": reason, "error": str(exc)[:1000]})
         final = self.follow()
         if self.refused is not None:
             raise self.refused
@@ -957,7 +959,7 @@ def _bounded(value, default: float, low: float, high: float) -> float:
         number = float(value)
     except (TypeError, ValueError):
         return default
-    return min(high, max(low, number)) if number == number else default
+    return default if math.isnan(number) else min(high, max(low, number))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -968,7 +970,7 @@ def main(argv: list[str] | None = None) -> int:
               "the Mado server with the Job's token from SPEC_DIR/job.json.\nExit codes: 0 finished, 1 failed/"
               "canceled/timed out, 2 configuration error, 3 the server refused the runner.")
         return EXIT_OK
-    if sys.version_info < (3, 11):
+    if sys.version_info < (3, 11):  # noqa: UP036 -- the site's runner Python is not the package's
         note(f"The runner needs Python 3.11 or later; {sys.executable} is {sys.version.split()[0]}. Set the site's "
              "runner Python to a newer interpreter.")
         return EXIT_CONFIG
