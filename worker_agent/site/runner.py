@@ -18,8 +18,8 @@ runtimes and environment as on a worker.
    nothing the scheduler does not kill).
 3. One loop: new bytes of stdout.log/stderr.log every `log_interval_seconds` (1 s; chunks of at most
    1 MiB cut at UTF-8 character boundaries, sent in order and resent from the same offsets after a
-   failure), a heartbeat every `heartbeat_seconds` (5 s; `status: running` once the supervisor runs the
-   code, which makes the Job `running`). `cancel_requested` in a heartbeat's answer stops the code
+   failure), a heartbeat every `heartbeat_seconds` (5 s), and one with `status: running` the moment the
+   supervisor runs the code (the Job becomes `running`). `cancel_requested` in a heartbeat's answer stops the code
    (SIGTERM, SIGKILL after the grace) and the Job ends `canceled`. SIGTERM or SIGINT to the runner is
    the scheduler's warning before the time limit (Slurm `--signal=B:TERM@120`, the Grid Engine timer,
    `timeout` on Docker hosts): the code is stopped the same way and the Job ends failed `timed_out`.
@@ -707,6 +707,7 @@ class Runner:
     def follow(self) -> dict:
         """Logs and heartbeats until the supervisor's end state (returned)."""
         next_logs = next_beat = 0.0
+        running_tried = False
         while True:
             if (self.stop_reason or self.refused) and not self.stop_written:
                 self.request_stop()
@@ -720,7 +721,10 @@ class Runner:
                 next_logs = now + self.log_interval if caught_up else now
             if ended:
                 return state
-            if self.refused is None and time.monotonic() >= next_beat:
+            # The moment the code runs, say so (once; a failed try waits for the regular beat).
+            just_running = bool(state.get("started_at")) and not self.running_reported and not running_tried
+            if self.refused is None and (time.monotonic() >= next_beat or just_running):
+                running_tried = running_tried or just_running
                 self.heartbeat(state)
                 next_beat = time.monotonic() + self.heartbeat_seconds
             time.sleep(POLL_SECONDS)
