@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 from jobs.models import Artifact, JobEvent, Metric
+from mado.services import Actor
 from sites.models import Submission
 from tests.conftest import bearer
 from tests.site_runner.conftest import SCHEDULER_JOB_ID, FlakyProxy, lib_runner, write_spec_dir
@@ -248,3 +249,39 @@ def test_a_network_cut_delays_logs_and_heartbeats_but_loses_and_repeats_nothing(
     assert "not delivered yet" in runner.output()
     job.refresh_from_db()
     assert (job.status, job.end_reason) == ("failed", "timed_out")
+
+
+def test_a_runner_that_read_the_token_of_an_adopted_claim_starts_with_the_new_one_from_job_json(site):
+    """A launcher whose claim answer was lost claims again (adopt: true) and gets new job tokens; a batch
+    job that read job.json before the launcher rewrote it is refused once (401), re-reads job.json and
+    starts with the new token. With no newer token there, the 401 stands."""
+    from sites import submissions
+    from worker_agent.site.runner import Refused, Runner, load_spec
+
+    job = site.job(["python", "-c", "print('adopted')"])
+    [lost] = submissions.launcher_claim(site.launcher, site.target.pk, 1)
+    [item] = lost["jobs"]
+    spec_dir = write_spec_dir(Path(item["spec_dir"]), runner_python=lost["runner_python"],
+                              api_url=lost["api_url"], token=item["token"], job=item["job"])
+    stale = Runner(load_spec(str(spec_dir)))
+    unchanged = Runner(load_spec(str(spec_dir)))
+
+    [adopted] = submissions.launcher_claim(site.launcher, site.target.pk, 1)
+    assert adopted["adopt"] is True and adopted["job_ids"] == [job.pk]
+    [new_item] = adopted["jobs"]
+    assert new_item["token"] != item["token"]
+    submissions.report(Actor(None), {"job_ids": [job.pk], "outcome": "submitted",
+                                     "scheduler_job_id": SCHEDULER_JOB_ID}, launcher=site.launcher)
+
+    try:
+        unchanged.start()
+    except Refused as exc:
+        assert exc.status == 401
+    else:
+        raise AssertionError("the old token must be refused")
+
+    write_spec_dir(spec_dir, runner_python=adopted["runner_python"], api_url=adopted["api_url"],
+                   token=new_item["token"], job=new_item["job"])
+    answer = stale.start()
+    assert answer["job"]["id"] == job.pk
+    assert site.status(job) == "waiting_resources"

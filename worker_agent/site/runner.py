@@ -567,11 +567,33 @@ class Runner:
             body["array_index"] = int(index)
         note(f"Job {self.id}: runner {self.runner_id} starting on {body['hostname']}"
              + (f" (scheduler job {scheduler_id})" if scheduler_id else "") + ".")
-        answer = self.api.call("POST", "start", body=body, patience=START_PATIENCE, what="start",
-                               give_up=lambda: self.stop_reason is not None)
+        try:
+            answer = self._start_call(body)
+        except Refused as exc:
+            if exc.status != 401 or not self.adopt_new_token():
+                raise
+            # An adopted submission was given new job tokens after this batch job read job.json.
+            note(f"Job {self.id}: job.json has a newer job token (the submission was adopted); starting with it.")
+            answer = self._start_call(body)
         self.heartbeat_seconds = _bounded(answer.get("heartbeat_seconds"), 5.0, 1.0, 60.0)
         self.log_interval = _bounded(answer.get("log_interval_seconds"), 1.0, 0.2, 30.0)
         return answer
+
+    def _start_call(self, body: dict) -> dict:
+        return self.api.call("POST", "start", body=body, patience=START_PATIENCE, what="start",
+                             give_up=lambda: self.stop_reason is not None)
+
+    def adopt_new_token(self) -> bool:
+        """Re-read job.json once: True when it now holds a different token, which replaces ours."""
+        try:
+            fresh = load_spec(self.spec.dir)
+        except ConfigError:
+            return False
+        if fresh.token == self.spec.token or fresh.job_id != self.id:
+            return False
+        self.spec = fresh
+        self.api = Api(fresh.api_url, fresh.token, fresh.job_id, self.runner_id)
+        return True
 
     def refused_exit(self, exc: Refused) -> int:
         what = {"runner_conflict": "another runner already reports this Job (a second copy of the batch job?)",
