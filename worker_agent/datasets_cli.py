@@ -41,6 +41,8 @@ def datasets() -> None:
 def upload(ctx: click.Context, name: str, directory: Path, project: str | None, description: str) -> None:
     """Upload the files under DIRECTORY as a new version of dataset NAME (created when missing)."""
     api = _api(ctx)
+    # Close the kept-alive connection when the command ends, also when it runs inside another program.
+    ctx.call_on_close(api.session.close)
     project = project or _project(api)
     local = _scan(directory)
     manifest = _hash(local)

@@ -2,14 +2,17 @@
 an interruption in the middle of the large one, and the same command resuming where it stopped."""
 from __future__ import annotations
 
+import gc
 import hashlib
 import os
+import threading
 
 import pytest
 import requests
 from click.testing import CliRunner
 
 from datasets.models import DatasetFile, DatasetVersion
+from tests.support import wait_for
 from worker_agent import datasets_cli
 from worker_agent.researcher import main
 
@@ -27,7 +30,13 @@ def cli(world, live_server, media):
     def run(*args, token_value=token):
         return runner.invoke(main, list(args), env={"MMT_API_URL": live_server.url, "MMT_API_TOKEN": token_value,
                                                     "MMT_API_TOKEN_FILE": None})
-    return run
+    yield run
+    # A refused request's response keeps its kept-alive socket until collected, and the live server's
+    # thread for it holds a database connection until the socket closes: collect, and let the
+    # threads end before the test database is dropped.
+    gc.collect()
+    wait_for(lambda: not any("process_request_thread" in t.name for t in threading.enumerate()), timeout=10,
+             what="the live server's request threads to end")
 
 
 @pytest.fixture
