@@ -13,7 +13,7 @@ from pathlib import Path
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
-from django.db.models import Max
+from django.db.models import F, Max, Q
 from django.utils import timezone
 
 from datasets import manifest
@@ -104,14 +104,25 @@ def _stored_files(project, entries: list[dict]) -> dict[str, DatasetFile]:
                                "again.", "invalid_manifest", fields={"manifest": ["Inconsistent sizes."]})
     found = _fetch(project, list(sizes))
     for sha, stored in found.items():
-        if stored.size != sizes[sha]:
+        if stored.size == sizes[sha]:
+            continue
+        if stored.complete:
             raise ServiceError(f"The project stores content with sha256 {sha} as {stored.size} bytes, but the "
                                f"manifest says {sizes[sha]}; hash the file again.", "invalid_manifest",
                                fields={"manifest": ["Size does not match the sha256."]})
+        _resize(stored, sizes[sha])
     new = [DatasetFile(project=project, sha256=sha, size=size) for sha, size in sizes.items() if sha not in found]
     DatasetFile.objects.bulk_create(new, batch_size=BATCH, ignore_conflicts=True)
     found.update(_fetch(project, [f.sha256 for f in new]))
     return found
+
+
+def _resize(stored: DatasetFile, size: int) -> None:
+    """An unverified size claim gives way to a newer one: no bytes of it were proven. A version that
+    still claims the old size cannot complete (complete_version compares the sizes)."""
+    storage.remove(media(f"partial/datasets/{stored.pk}"))
+    DatasetFile.objects.filter(pk=stored.pk).update(size=size, received_bytes=0)
+    stored.size, stored.received_bytes = size, 0
 
 
 def _fetch(project, shas: list[str]) -> dict[str, DatasetFile]:
@@ -145,7 +156,7 @@ def complete_version(actor: Actor, version: DatasetVersion) -> DatasetVersion:
         version = DatasetVersion.objects.select_for_update().select_related("dataset").get(pk=version.pk)
         if version.is_complete:
             return version
-        missing = version.entries.filter(file__complete=False).order_by("path")
+        missing = version.entries.filter(Q(file__complete=False) | ~Q(size=F("file__size"))).order_by("path")
         count = missing.count()
         if count:
             first = list(missing.values_list("path", flat=True)[:5])

@@ -140,3 +140,15 @@ def test_a_new_version_uploads_only_the_contents_the_project_does_not_have(uploa
     done = uploader.complete("speech", second.json()["id"])
     assert done.json()["number"] == 2 and done.json()["file_count"] == 21 and done.json()["digest"] != first["digest"]
     assert DatasetVersion.objects.get(pk=first["id"]).number == 1
+
+
+def test_an_unproven_size_claim_gives_way_and_its_version_cannot_complete(uploader):
+    uploader.create_dataset("speech")
+    lying = uploader.create_version("speech", [{"path": "a.bin", "sha256": sha(SMALL), "size": 999}]).json()
+    honest = uploader.create_version("speech", manifest_of({"b.bin": SMALL})).json()
+    assert honest["upload"][0]["size"] == len(SMALL)
+    assert uploader.put("speech", honest["id"], "b.bin", SMALL).json()["complete"] is True
+    assert uploader.complete("speech", honest["id"]).status_code == 200
+    assert_error(uploader.complete("speech", lying["id"]), 409, "version_incomplete")
+    late = uploader.create_version("speech", [{"path": "c.bin", "sha256": sha(SMALL), "size": 5}])
+    assert "hash the file again" in assert_error(late, 422, "invalid_manifest")["error"]
