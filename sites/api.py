@@ -15,7 +15,7 @@ from mado.choices import Scope
 from mado.errors import ServiceError
 from mado.services import Actor
 from sites import known_hosts as kh
-from sites import services, shells
+from sites import checks, keys, services, shells
 from sites.models import JobShell, SiteSettings
 
 USER_SETTINGS_FIELDS = ["submission", "account", "template", "working_dir", "runner_python", "runner_api_url",
@@ -57,6 +57,8 @@ def site_body(user, target: ComputeTarget) -> dict:
         "my_settings_required": site.uses_personal_accounts,
         "my_settings_saved": mine is not None,
         "can_run_jobs": usable and _can_submit(user, target),
+        "keys": keys.keys_for_details(user, target),
+        "checks": checks.latest_checks(user, target),
     }
     if manager:
         body.update({name: getattr(site, name) for name in CONNECTION_FIELDS})
@@ -166,3 +168,32 @@ class MySettingsView(APIView):
         target = _site(request.user, pk)
         settings = services.save_my_settings(Actor.from_request(request), target, json_object(request))
         return Response(my_settings_body(target, settings))
+
+
+class SiteCheckView(APIView):
+    """Check connection: the launcher logs in as the shared account (`mine: false`, owners and global
+    administrators) or as the caller's own account (`mine: true`, after My settings) and runs `true`."""
+
+    required_scopes = {"POST": Scope.JOBS_WRITE}
+
+    @extend_schema(request=OpenApiTypes.OBJECT, responses={201: OpenApiTypes.OBJECT})
+    def post(self, request, pk):
+        target = _site(request.user, pk)
+        mine = json_object(request).get("mine", False)
+        if not isinstance(mine, bool):
+            raise ServiceError("mine is true (check your own account) or false (the shared account).",
+                               "invalid", fields={"mine": ["true or false."]})
+        check = checks.request_site_check(Actor.from_request(request), target, mine=mine)
+        return Response(checks.check_body(check), status=201)
+
+
+class SiteCheckDetailView(APIView):
+    @extend_schema(responses=OpenApiTypes.OBJECT)
+    def get(self, request, pk, check_id):
+        target = _site(request.user, pk)
+        checks.expire_checks()
+        found = checks.latest_checks(request.user, target)
+        for check in found.values():
+            if check and check["id"] == check_id:
+                return Response(check)
+        raise Http404("No such check of yours on this site.")

@@ -14,7 +14,7 @@ from django.utils import timezone
 from computers.models import ConnectionCheck
 from mado.errors import ServiceError
 from mado.models import AuditEvent
-from mado.services import Actor
+from mado.services import Actor, issue_personal_token
 from sites import checks, keys, launchers, services
 from sites.models import LauncherKey
 from tests.conftest import assert_error, bearer
@@ -157,3 +157,24 @@ def test_manual_sites_have_no_launcher_check(world, host_keys, launcher):
     with pytest.raises(ServiceError) as refused:
         checks.request_site_check(Actor(world.project_admin), pc, mine=False)
     assert refused.value.code == "site_check_not_applicable"
+
+
+def test_people_ask_for_checks_through_the_api_and_read_keys_and_checks_in_the_site_details(world, personal, lclient,
+                                                                                           tmp_path):
+    _, plaintext = issue_personal_token(Actor(world.member), world.project, scopes=["read", "jobs:write"])
+    member = bearer(plaintext)
+    assert_error(member.post(f"/api/sites/{personal.pk}/checks", {"mine": "yes"}, format="json"), 422, "invalid")
+    assert_error(member.post(f"/api/sites/{personal.pk}/checks", {"mine": False}, format="json"), 403, "not_owner")
+    created = member.post(f"/api/sites/{personal.pk}/checks", {"mine": True}, format="json")
+    assert created.status_code == 201, created.content
+    check = created.json()
+    assert (check["status"], check["account_name"], check["user"]) == ("queued", "bob01", world.member.pk)
+
+    line, fingerprint, _ = _keypair(tmp_path, "bob")
+    assert _publish(lclient, computer=personal.pk, user=world.member.pk, public_key=line).status_code == 200
+    lclient.post(f"/api/launcher/checks/{check['id']}/complete", {"ok": True}, format="json")
+
+    details = member.get(f"/api/sites/{personal.pk}").json()
+    assert [(k["username"], k["fingerprint"]) for k in details["keys"]] == [("bob", fingerprint)]
+    assert details["checks"]["mine"]["status"] == "succeeded" and details["checks"]["shared"] is None
+    assert member.get(f"/api/sites/{personal.pk}/checks/{check['id']}").json()["status"] == "succeeded"

@@ -949,7 +949,11 @@ class Runner:
             try:
                 self.api.call("POST", "finish", body=body, what="finish")
             except Refused as exc:
-                return self.refused_exit(exc)
+                if exc.status != 401:
+                    return self.refused_exit(exc)
+                # Finishing revokes the job token: a finish resent after a lost answer meets 401, and
+                # the Job has ended on the server either way.
+                note(f"Job {self.id}: the server already has this Job's end (its token is revoked).")
             except ApiError as exc:
                 if exc.code == "artifacts_incomplete" and _round < FINISH_ROUNDS:
                     note(f"{exc} Sending the outputs again.")
