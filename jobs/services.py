@@ -365,6 +365,8 @@ def finish_completed(job: Job, status: str, *, exit_code=None, error: str = "", 
                        + (" …" if len(missing) > 5 else "") + ".", "artifacts_incomplete")
     reason = end_reason or (EndReason.CANCELED if status == JobStatus.CANCELED else EndReason.EXIT_CODE)
     _finish(job, status, reason, exit_code=exit_code, error=error)
+    if status == JobStatus.FINISHED:
+        outputs.register_datasets(job)  # result.json `datasets` declarations become versions
     return reason
 
 

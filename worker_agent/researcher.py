@@ -245,3 +245,6 @@ from worker_agent.site.cli import runner_command, submit_command  # noqa: E402
 
 main.add_command(submit_command, "submit")
 main.add_command(runner_command, "runner")
+
+# `datasets upload` lives in its own module, which adds itself to `main` (it uses Api and _api from here).
+import worker_agent.datasets_cli  # noqa: E402,F401

@@ -1,13 +1,11 @@
 """A job's result.json `datasets` declaration becomes a dataset version when the job finishes."""
 from __future__ import annotations
 
-import inspect
 import json
 
 import pytest
 
 from datasets.models import Dataset, DatasetVersion
-from jobs import services as job_services
 from mado.choices import TokenKind
 from tests.conftest import WORKER_SCOPES, assert_error, bearer
 from tests.datasets.conftest import manifest_of, sha
@@ -16,7 +14,6 @@ from tests.job_fixtures import JobWorker, job_request
 PREPARED = {f"prepared/clips/{i:03}.wav": f"clip {i}".encode() for i in range(30)}
 PREPARED["prepared/index.csv"] = b"id\n" + b"\n".join(str(i).encode() for i in range(30))
 REPORT = b"done\n"
-HOOKED = "register_datasets" in inspect.getsource(job_services)
 
 
 @pytest.fixture
@@ -54,8 +51,6 @@ def deliver(worker, item, datasets):
         assert put.json()["complete"], put.content
 
 
-@pytest.mark.xfail(not HOOKED, strict=True, reason="jobs.services.finish_completed must call "
-                                                    "outputs.register_datasets(job) for finished jobs")
 def test_a_finished_job_registers_its_declared_directory_as_one_version(world, claimed, registry_worker, uploader):
     existing = uploader.create_dataset("reports").json()
     deliver(registry_worker, claimed, [{"datasetId": "prepared-audio", "path": "prepared/"},
