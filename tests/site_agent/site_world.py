@@ -35,10 +35,16 @@ mmt_cancel() { :; }
 """
 
 
+_made: list[Launcher] = []
+
+
 @pytest.fixture
 def server(transactional_db, live_server, world, monkeypatch):
     monkeypatch.setattr(submissions, "EXPIRY_INTERVAL_SECONDS", 0.0)
-    return live_server.url
+    yield live_server.url
+    # Kept-alive HTTP connections keep the live server's threads, and their database sessions, open.
+    while _made:
+        _made.pop().close()
 
 
 @pytest.fixture
@@ -66,4 +72,6 @@ def queue(target, user, project, n=1, status="queued", **fields) -> list[Job]:
 
 
 def launcher_for(url, token, state_dir, **kwargs) -> Launcher:
-    return Launcher(SiteApi(url, token, attempts=2), state_dir, long_poll=0, **kwargs)
+    launcher = Launcher(SiteApi(url, token, attempts=2), state_dir, long_poll=0, **kwargs)
+    _made.append(launcher)
+    return launcher
