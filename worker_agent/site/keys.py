@@ -82,7 +82,8 @@ class KeyStore:
             os.mkdir(self.dir, 0o700)
         st = os.lstat(self.dir)
         if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
-            raise KeyFileError(f"{self.dir} must be a directory (not a link): move it away and start the launcher again.")
+            raise KeyFileError(f"{self.dir} must be a directory (not a link): move it away and start the launcher "
+                               "again.")
         if stat.S_IMODE(st.st_mode) & 0o077:
             os.chmod(self.dir, 0o700)
 

@@ -361,7 +361,8 @@ class Launcher:
                 result = connection.run(["true"], timeout=left)
                 if result.exit_code != 0:
                     tail = mask_tail(result.stderr.decode("utf-8", "replace"), self._secrets, 300).strip()
-                    error = f"Logged in, but `true` exited with code {result.exit_code}" + (f": {tail}" if tail else ".")
+                    error = f"Logged in, but `true` exited with code {result.exit_code}" + \
+                        (f": {tail}" if tail else ".")
             except ConnectError as exc:
                 error = exc.detail
             except CommandTimeout:
