@@ -124,6 +124,7 @@ def start_slurm() -> Slurm:
     if not shutil.which("slurmctld") or not shutil.which("slurmd"):
         raise RuntimeError("Slurm is not installed: apt-get install -y --no-install-recommends slurm-wlm munge")
     peer = Path(tempfile.mkdtemp(prefix="mado-slurm-"))
+    peer.chmod(0o755)  # batch jobs of users other than root read their scripts under it
     for sub in ("slurm/state", "slurm/spool", "slurm/log"):
         (peer / sub).mkdir(parents=True)
     conf = peer / "slurm" / "slurm.conf"
