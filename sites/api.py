@@ -197,3 +197,20 @@ class SiteCheckDetailView(APIView):
             if check and check["id"] == check_id:
                 return Response(check)
         raise Http404("No such check of yours on this site.")
+
+
+class SiteKeyRecreateView(APIView):
+    """Recreate a key: the launcher makes a new one on its next poll and publishes it in place of the
+    old (`mine: true` your own key on an own-account site; `false` the shared key, owners only)."""
+
+    required_scopes = {"POST": Scope.JOBS_WRITE}
+
+    @extend_schema(request=OpenApiTypes.OBJECT, responses={202: OpenApiTypes.OBJECT})
+    def post(self, request, pk):
+        target = _site(request.user, pk)
+        mine = json_object(request).get("mine", False)
+        if not isinstance(mine, bool):
+            raise ServiceError("mine is true (your own key) or false (the shared account's key).",
+                               "invalid", fields={"mine": ["true or false."]})
+        keys.request_recreate(Actor.from_request(request), target, mine=mine)
+        return Response({"keys": keys.keys_for_details(request.user, target)}, status=202)

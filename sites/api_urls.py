@@ -10,6 +10,7 @@ urlpatterns = [
     path("sites/<int:pk>/job-shells/<int:version>", api.JobShellDetailView.as_view(), name="api-site-job-shell"),
     path("sites/<int:pk>/checks", api.SiteCheckView.as_view(), name="api-site-checks"),
     path("sites/<int:pk>/checks/<int:check_id>", api.SiteCheckDetailView.as_view(), name="api-site-check"),
+    path("sites/<int:pk>/keys/recreate", api.SiteKeyRecreateView.as_view(), name="api-site-key-recreate"),
     path("sites/<int:pk>/my-settings", api.MySettingsView.as_view(), name="api-site-my-settings"),
     path("launchers", launcher_api.LauncherListView.as_view(), name="api-launchers"),
     path("launchers/<int:pk>/token", launcher_api.LauncherTokenView.as_view(), name="api-launcher-token"),

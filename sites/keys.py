@@ -13,11 +13,13 @@ from django.db import transaction
 from django.utils import timezone
 
 from computers import access
-from mado.errors import ServiceError
+from mado.errors import Forbidden, ServiceError
 from mado.services import Actor, audit
 from mado.validation import BIGINT_MAX, as_int
 from sites.choices import AccountKind, SubmissionMethod
 from sites.models import Launcher, LauncherKey, SiteSettings, SiteUserSettings
+from sites.submissions import SITES_CHANNEL
+from workers.longpoll import notify
 
 KEY_TYPE = "ssh-ed25519"
 ED25519_KEY_BYTES = 32
@@ -93,6 +95,7 @@ def publish_key(launcher: Launcher, data: dict) -> LauncherKey:
         if key is None:
             key = LauncherKey(launcher=launcher, target=site.target, user_id=user_id)
         key.public_key, key.fingerprint, key.created_at = line, print_, timezone.now()
+        key.recreate_requested_at = None
         key.save()
         token_user = launcher.token.user if launcher.token_id else None
         audit(Actor(token_user), "site.key.publish", key,
@@ -117,9 +120,48 @@ def _check_account(site: SiteSettings, user_id: int | None) -> None:
 
 def keys_of(launcher: Launcher, target) -> list[dict]:
     """What the launcher's config lists: the keys the server already has from it for the site."""
-    return [{"user": user, "fingerprint": print_} for user, print_ in
+    return [{"user": user, "fingerprint": print_, "recreate": asked is not None} for user, print_, asked in
             LauncherKey.objects.filter(launcher=launcher, target=target).order_by("user_id")
-            .values_list("user_id", "fingerprint")]
+            .values_list("user_id", "fingerprint", "recreate_requested_at")]
+
+
+def request_recreate(actor: Actor, target, *, mine: bool) -> LauncherKey:
+    """Ask the site's launcher for a new key (seed 003 permissions): the shared account's key for the
+    owner or a global administrator, one's own key for anyone who can use an own-account site. The
+    old key keeps working until the launcher publishes the new one, which then replaces it."""
+    user = actor.user
+    site = SiteSettings.objects.filter(target=target).select_related("target").first()
+    if site is None or site.submission != SubmissionMethod.AUTOMATIC or site.launcher_id is None:
+        raise ServiceError("Only automatic sites with a launcher have keys.", "site_key_not_applicable")
+    if mine:
+        if site.account != AccountKind.PERSONAL:
+            raise ServiceError(f"{target.name} runs under its shared account: its owner recreates that key.",
+                               "site_key_not_applicable")
+        if not access.can_use(user, target):
+            raise Forbidden("You cannot use this computer, so it has no key of yours.", "not_usable")
+        owner_of_key = user
+    else:
+        if site.account != AccountKind.SHARED:
+            raise ServiceError(f"{target.name} runs under each person's own account: recreate your own key.",
+                               "site_key_not_applicable")
+        if not access.can_manage(user, target):
+            raise Forbidden("Only the computer's owner and global administrators recreate the shared key.",
+                            "not_owner")
+        owner_of_key = None
+    with transaction.atomic():
+        key = (LauncherKey.objects.select_for_update()
+               .filter(target=target, launcher_id=site.launcher_id, user=owner_of_key).first())
+        if key is None:
+            raise ServiceError("The launcher has not published this key yet; it makes one on its next poll.",
+                               "site_key_missing", status=409)
+        if key.recreate_requested_at is None:
+            key.recreate_requested_at = timezone.now()
+            key.save(update_fields=["recreate_requested_at"])
+            audit(actor, "site.key.recreate_request", key,
+                  after={"computer": target.pk, "user": owner_of_key.pk if owner_of_key else None,
+                         "fingerprint": key.fingerprint})
+    notify(SITES_CHANNEL)
+    return key
 
 
 def keys_for_details(user, target) -> list[dict]:
@@ -135,5 +177,6 @@ def keys_for_details(user, target) -> list[dict]:
     if user.is_authenticated:
         shown += list(keys.filter(user=user))
     return [{"user": k.user_id, "username": k.user.username if k.user else None, "fingerprint": k.fingerprint,
-             "public_key": k.public_key, "launcher": site.launcher.name, "created_at": k.created_at}
+             "public_key": k.public_key, "launcher": site.launcher.name, "created_at": k.created_at,
+             "recreate_requested": k.recreate_requested_at is not None}
             for k in shown]

@@ -148,7 +148,19 @@ def config(launcher: Launcher, *, hostname: str = "", version: str = "", wait: f
 def has_work(body: dict) -> bool:
     """A check or cancellation to run, or a Job the launcher could claim now."""
     return bool(body["checks"] or body["cancellations"]
-                or any(s["enabled"] and s["claimable"] and s["free"] for s in body["sites"]))
+                or any(s["enabled"] and s["claimable"] and s["free"] for s in body["sites"])
+                or any(_key_wanted(s) for s in body["sites"]))
+
+
+def _key_wanted(site: dict) -> bool:
+    """A key to make: one asked to be recreated, or an account (shared, or a person who just saved My
+    settings) the launcher has published no key for."""
+    keys = site.get("keys") or []
+    if any(k.get("recreate") for k in keys):
+        return True
+    have = {k["user"] for k in keys}
+    wanted = {a["user"] for a in site.get("accounts") or []} if site["account"] == "personal" else {None}
+    return bool(wanted - have)
 
 
 def _config(launcher: Launcher) -> dict:

@@ -165,6 +165,8 @@ class LauncherKey(models.Model):
     public_key = models.TextField()
     fingerprint = models.CharField(max_length=80)
     created_at = models.DateTimeField(default=timezone.now)
+    recreate_requested_at = models.DateTimeField(
+        null=True, blank=True, help_text=_("Someone asked for a new key; the launcher makes and publishes one."))
 
     class Meta:
         ordering = ["target", "user", "-created_at"]

@@ -15,6 +15,7 @@ urlpatterns = [
     path("settings/computers/<int:pk>/job-shell", views.site_job_shell_save, name="site-job-shell"),
     path("settings/computers/<int:pk>/job-shell/<int:version>", views.site_job_shell_version,
          name="site-job-shell-version"),
+    path("settings/computers/<int:pk>/keys/recreate", views.site_key_recreate, name="site-key-recreate"),
     path("settings/computers/<int:pk>/my-settings", views.site_my_settings, name="site-my-settings"),
     path("settings/computers/<int:pk>/site-checks", views.site_check_request, name="site-check-request"),
     path("settings/computers/<int:pk>/site-checks/<int:check_id>", views.site_check_status,

@@ -30,6 +30,8 @@ from mado.forms import add_service_error
 from mado.models import Project
 from mado.services import Actor
 from sites import known_hosts as kh
+from sites import checks as site_checks
+from sites import keys as site_keys
 from sites import launchers, services
 from sites.choices import MAX_KNOWN_HOSTS_BYTES, AccountKind, SubmissionMethod
 from sites.forms import (
@@ -44,10 +46,6 @@ from sites.forms import (
 )
 from sites.models import JobShell, Launcher, LauncherKey
 
-try:  # the launcher's connection checks (sites/checks.py) arrive separately
-    from sites import checks as site_checks
-except ImportError:  # pragma: no cover - until sites.checks lands
-    site_checks = None
 
 PAGE = "sites/dialog_page.html"
 
@@ -334,7 +332,7 @@ def manual_instructions(request, target, project=None) -> dict:
 def site_checks_context(request, target, site, *, manageable: bool, mine) -> dict | None:
     """Check connection: the shared account's by owners and global administrators, one's own account
     after My settings. None when sites.checks (the launcher's connection checks) is not installed."""
-    if site.submission != SubmissionMethod.AUTOMATIC or site_checks is None:
+    if site.submission != SubmissionMethod.AUTOMATIC:
         return None
     shared = manageable and site.account == AccountKind.SHARED
     own = mine is not None and site.uses_personal_accounts
@@ -384,9 +382,6 @@ def site_check_request(request, pk):
     mine = request.POST.get("mine") == "1"
     error = ""
     try:
-        if site_checks is None:
-            raise ServiceError(str(_("Connection checks of sites are not available on this server yet.")),
-                               "checks_unavailable")
         site_checks.request_site_check(Actor.from_request(request), target, mine=mine)
     except ServiceError as failure:
         error = failure.message
@@ -397,6 +392,21 @@ def site_check_request(request, pk):
     panel = {"mine": mine, "latest": check_view(_latest_check(target, request.user if mine else None)),
              "error": error}
     return render(request, "sites/partials/_site_check.html", {"target": target, "site": site, "checks": panel})
+
+
+@login_required
+@require_POST
+def site_key_recreate(request, pk):
+    """Recreate a key (the shared account's, or the caller's own); the details then say it is on its way."""
+    target = computer_access.detail_for(request.user, pk)
+    try:
+        site_keys.request_recreate(Actor.from_request(request), target, mine=request.POST.get("mine") == "1")
+    except ServiceError as failure:
+        messages.error(request, failure.message)
+    else:
+        messages.success(request, _("The launcher makes a new key on its next poll; the new public key then "
+                                    "appears here. The old key works until then."))
+    return redirect(reverse("computer-detail", args=[target.pk]) + "#site-keys")
 
 
 @login_required

@@ -58,7 +58,7 @@ def test_a_published_key_is_fingerprinted_like_ssh_keygen_and_replaced_by_the_ne
     assert response.status_code == 200, response.content
     assert response.json()["fingerprint"] == fingerprint
     assert lclient.get("/api/launcher/config").json()["sites"][0]["keys"] == [{"user": None,
-                                                                               "fingerprint": fingerprint}]
+                                                                               "fingerprint": fingerprint, "recreate": False}]
     assert _publish(lclient, computer=site.pk, user=None, public_key=line).status_code == 200, "the same again"
     line2, fingerprint2, _ = _keypair(tmp_path, "two")
     assert _publish(lclient, computer=site.pk, user=None, public_key=line2).json()["fingerprint"] == fingerprint2
@@ -178,3 +178,36 @@ def test_people_ask_for_checks_through_the_api_and_read_keys_and_checks_in_the_s
     assert [(k["username"], k["fingerprint"]) for k in details["keys"]] == [("bob", fingerprint)]
     assert details["checks"]["mine"]["status"] == "succeeded" and details["checks"]["shared"] is None
     assert member.get(f"/api/sites/{personal.pk}/checks/{check['id']}").json()["status"] == "succeeded"
+
+
+def test_people_recreate_their_own_key_and_owners_the_shared_one_through_api_and_page(world, site, personal, lclient,
+                                                                                     tmp_path, client):
+    line, _, _ = _keypair(tmp_path, "shared")
+    _publish(lclient, computer=site.pk, user=None, public_key=line)
+    bob_line, _, _ = _keypair(tmp_path, "bob")
+    _publish(lclient, computer=personal.pk, user=world.member.pk, public_key=bob_line)
+    _, plaintext = issue_personal_token(Actor(world.member), world.project, scopes=["read", "jobs:write"])
+    bob = bearer(plaintext)
+
+    assert_error(bob.post(f"/api/sites/{personal.pk}/keys/recreate", {"mine": False}, format="json"), 422,
+                 "site_key_not_applicable")
+    answer = bob.post(f"/api/sites/{personal.pk}/keys/recreate", {"mine": True}, format="json")
+    assert answer.status_code == 202, answer.content
+    assert [k["recreate_requested"] for k in answer.json()["keys"]] == [True]
+    config = lclient.get("/api/launcher/config").json()
+    flagged = {(s["computer"], k["user"]) for s in config["sites"] for k in s["keys"] if k["recreate"]}
+    assert flagged == {(personal.pk, world.member.pk)}
+
+    # The page: the owner asks for a new shared key; the details say it is on its way.
+    client.force_login(site.owner)
+    response = client.post(f"/settings/computers/{site.pk}/keys/recreate", {"mine": "0"})
+    assert response.status_code == 302
+    assert LauncherKey.objects.get(target=site, user=None).recreate_requested_at is not None
+    page = client.get(f"/settings/computers/{site.pk}/").content.decode()
+    assert "A new key was asked for" in page
+
+    # The launcher publishes a new key: the request is done.
+    new_line, new_print, _ = _keypair(tmp_path, "shared2")
+    _publish(lclient, computer=site.pk, user=None, public_key=new_line)
+    key = LauncherKey.objects.get(target=site, user=None)
+    assert key.recreate_requested_at is None and key.fingerprint == new_print

@@ -99,6 +99,15 @@ class KeyStore:
             return None
         return KeyPair(int(computer), user, path, public.read_text(encoding="ascii").strip())
 
+    def recreate(self, computer: int, user: int | None) -> KeyPair:
+        """A new key pair for (computer, user), replacing the old one."""
+        path = self.path(computer, user)
+        for old in (path, Path(f"{path}.pub")):
+            if os.path.lexists(old):
+                os.unlink(old)
+        pair, _ = self.ensure(computer, user)
+        return pair
+
     def ensure(self, computer: int, user: int | None) -> tuple[KeyPair, bool]:
         """The key pair for (computer, user), made now if missing. Returns (pair, created)."""
         existing = self.get(computer, user)

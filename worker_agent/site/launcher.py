@@ -315,9 +315,14 @@ class Launcher:
             else:
                 wanted = [None]
             published = {(k.get("user"), k.get("fingerprint")) for k in site.get("keys") or []}
+            recreate = {k.get("user") for k in site.get("keys") or [] if k.get("recreate")}
             for user in wanted:
                 try:
                     pair, _ = self.keys.ensure(computer, user)
+                    if user in recreate and (user, pair.fingerprint) in published:
+                        # Someone asked for a new key: the published one is replaced. (A new key whose
+                        # publishing failed last round is not published yet, so it is simply sent again.)
+                        pair = self.keys.recreate(computer, user)
                 except (KeyFileError, OSError) as exc:
                     log.error("no key for computer %s: %s", computer, getattr(exc, "strerror", None) or exc)
                     continue
