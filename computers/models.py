@@ -69,6 +69,25 @@ class ComputeTarget(models.Model):
         return data
 
 
+class ComputeGroup(models.Model):
+    """A named set of SSH computers that multi-node cluster jobs spread over (the peer's resource
+    group). Global administrators keep them; a computer may belong to several groups."""
+
+    name = models.CharField(_("Name"), max_length=64)
+    description = models.CharField(_("Description"), max_length=500, blank=True)
+    computers = models.ManyToManyField(ComputeTarget, related_name="compute_groups", blank=True,
+                                       verbose_name=_("Computers"))
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, related_name="+")
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["name"]
+        constraints = [models.UniqueConstraint(Lower("name"), name="compute_group_unique_name_ci")]
+
+    def __str__(self) -> str:
+        return self.name
+
+
 class ConnectionCheck(models.Model):
     target = models.ForeignKey(ComputeTarget, on_delete=models.CASCADE, related_name="checks")
     requested_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, related_name="+")

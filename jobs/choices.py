@@ -37,6 +37,8 @@ class EndReason(models.TextChoices):
     QUEUE_TIMEOUT = "queue_timeout", _("Queue timeout")
     INVALID_RESULT = "invalid_result", _("Invalid result.json")
     START_FAILED = "start_failed", _("Could not start")
+    # A cluster job's sub failed before main1 ended; the job's end_replica names it.
+    REPLICA_FAILED = "replica_failed", _("A replica failed")
 
 
 class Stream(models.TextChoices):
@@ -48,3 +50,12 @@ class Stream(models.TextChoices):
 class ClusterMode(models.TextChoices):
     SINGLE_NODE = "single-node", _("Single node")
     MULTI_NODE = "multi-node", _("Multi node")
+
+
+MAX_CLUSTER_SIZE = 64
+MAIN_REPLICA = "main1"
+
+
+def replica_names(size: int) -> list[str]:
+    """main1, sub1, sub2, …: the peer's names, in index order."""
+    return [MAIN_REPLICA] + [f"sub{i}" for i in range(1, max(size, 1))]

@@ -9,7 +9,16 @@ from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
 from computers.choices import Runtime
-from jobs.choices import HELD_STATUSES, TERMINAL_STATUSES, ClusterMode, EndReason, JobStatus, Stream
+from jobs.choices import (
+    HELD_STATUSES,
+    MAIN_REPLICA,
+    TERMINAL_STATUSES,
+    ClusterMode,
+    EndReason,
+    JobStatus,
+    Stream,
+    replica_names,
+)
 
 UNRESPONSIVE_AFTER = timedelta(seconds=60)
 
@@ -31,6 +40,11 @@ class Job(models.Model):
     walltime_seconds = models.PositiveIntegerField(null=True, blank=True)
     cluster_size = models.PositiveIntegerField(default=1)
     cluster_mode = models.CharField(max_length=16, choices=ClusterMode.choices, default=ClusterMode.SINGLE_NODE)
+    # Cluster jobs (docs/cluster-jobs.md): GPUs are asked per replica and picked at claim time.
+    gpus_per_replica = models.PositiveSmallIntegerField(default=0)
+    compute_group = models.ForeignKey("computers.ComputeGroup", on_delete=models.SET_NULL, null=True, blank=True,
+                                      related_name="jobs")
+    end_replica = models.CharField(max_length=8, blank=True)
 
     status = models.CharField(max_length=20, choices=JobStatus.choices, default=JobStatus.QUEUED, db_index=True)
     end_reason = models.CharField(max_length=16, choices=EndReason.choices, blank=True)
@@ -64,6 +78,18 @@ class Job(models.Model):
         return self.status in TERMINAL_STATUSES
 
     @property
+    def is_cluster(self) -> bool:
+        return self.cluster_size > 1
+
+    @property
+    def is_multi_node(self) -> bool:
+        return self.is_cluster and self.cluster_mode == ClusterMode.MULTI_NODE
+
+    @property
+    def replica_names(self) -> list[str]:
+        return replica_names(self.cluster_size)
+
+    @property
     def is_unresponsive(self) -> bool:
         """Shown as Not responding; never acted on automatically (GPUs stay reserved)."""
         return (self.status in HELD_STATUSES and self.heartbeat_at is not None
@@ -86,8 +112,31 @@ class GpuReservation(models.Model):
         return f"GPU {self.gpu_id} of {self.target_id} for job {self.job_id}"
 
 
+class JobReplica(models.Model):
+    """Where one replica of a cluster job runs: written in the claim transaction with its GPUs'
+    reservations, kept after the job ends. Ordinary jobs have none."""
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="replicas")
+    index = models.PositiveSmallIntegerField()
+    name = models.CharField(max_length=8)
+    target = models.ForeignKey("computers.ComputeTarget", on_delete=models.PROTECT, related_name="job_replicas")
+    gpu_ids = models.JSONField(default=list, blank=True)
+
+    class Meta:
+        ordering = ["job", "index"]
+        constraints = [models.UniqueConstraint(fields=["job", "index"], name="one_replica_per_index")]
+
+    def __str__(self) -> str:
+        return f"{self.name} of job {self.job_id} on {self.target_id}"
+
+    @property
+    def role(self) -> str:
+        return "main" if self.index == 0 else "sub"
+
+
 class LogChunk(models.Model):
     job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="log_chunks")
+    replica = models.CharField(max_length=8, default=MAIN_REPLICA)
     stream = models.CharField(max_length=8, choices=Stream.choices)
     offset = models.BigIntegerField(help_text=_("Byte offset of the chunk in its stream."))
     data = models.TextField()
@@ -97,7 +146,7 @@ class LogChunk(models.Model):
         ordering = ["id"]
         constraints = [
             # At-least-once delivery: a resent chunk has the same offset and is ignored.
-            models.UniqueConstraint(fields=["job", "stream", "offset"], name="log_chunk_once"),
+            models.UniqueConstraint(fields=["job", "replica", "stream", "offset"], name="log_chunk_once_per_replica"),
         ]
 
 
