@@ -99,14 +99,24 @@ class JobLogsView(APIView):
     required_scopes = {"GET": Scope.READ, "POST": Scope.READ}
     allow_job_token = True
 
-    @extend_schema(parameters=[OpenApiParameter("after", int, description="The last chunk id you have.")],
+    @extend_schema(parameters=[OpenApiParameter("after", int, description="The last chunk id you have."),
+                               OpenApiParameter("replica", str, description="Only this replica's chunks "
+                                                                            "(main1, sub1, …); all when absent.")],
                    responses=OpenApiTypes.OBJECT)
     def get(self, request, pk):
         job = _job(request, pk)
         after = as_int(request.query_params.get("after", "0"), low=0, high=BIGINT_MAX)
         if after is None:
             raise exceptions.ValidationError({"after": ["after is the id of the last chunk you have."]})
-        chunks = list(job.log_chunks.filter(id__gt=after).order_by("id")[:LOG_PAGE])
+        chunks = job.log_chunks.filter(id__gt=after)
+        replica = request.query_params.get("replica")
+        if replica:
+            if replica not in job.replica_names:
+                raise exceptions.ValidationError({"replica": [
+                    f"This job's replicas are {', '.join(job.replica_names[:8])}"
+                    + (" …" if job.cluster_size > 8 else "") + "; choose one of those."]})
+            chunks = chunks.filter(replica=replica)
+        chunks = list(chunks.order_by("id")[:LOG_PAGE])
         return Response({"items": [log_body(c) for c in chunks], "next": chunks[-1].pk if chunks else after,
                          "status": job.status})
 

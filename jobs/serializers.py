@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from django.conf import settings
 
-from jobs import access
+from jobs import access, cluster
 from jobs.models import Job
 
 
@@ -23,8 +23,7 @@ def job_body(user, job: Job, *, is_project_admin: bool | None = None) -> dict:
         "env": job.env,
         "gpu_ids": job.gpu_ids,
         "walltime_seconds": job.walltime_seconds,
-        "cluster_size": job.cluster_size,
-        "cluster_mode": job.cluster_mode,
+        **cluster_body(job),
         "status": job.status,
         "end_reason": job.end_reason or None,
         "exit_code": job.exit_code,
@@ -63,15 +62,49 @@ def worker_job_payload(job: Job, token: str | None) -> dict:
         "walltime_seconds": job.walltime_seconds,
         "cancel_requested": job.stop_requested_at is not None,
         "api_url": settings.PUBLIC_URL,
-        "computer": {"id": target.pk, "name": target.name, **target.connection(), "working_dir": target.working_dir,
-                     "python_path": target.python_path, "runtimes": target.runtimes,
-                     "dataset_transfer": target.dataset_transfer,
-                     "dataset_cache_limit_gib": target.dataset_cache_limit_gib},
+        "computer": worker_computer(target),
+        **worker_cluster(job),
+    }
+
+
+def worker_computer(target) -> dict:
+    return {"id": target.pk, "name": target.name, **target.connection(), "working_dir": target.working_dir,
+            "python_path": target.python_path, "runtimes": target.runtimes,
+            "dataset_transfer": target.dataset_transfer, "dataset_cache_limit_gib": target.dataset_cache_limit_gib}
+
+
+def worker_cluster(job: Job) -> dict:
+    """docs/cluster-jobs.md "Claim payload": every replica with its computer's connection fields.
+    For a cluster job the item's own computer and gpu_ids are main1's."""
+    if not job.is_cluster:
+        return {"cluster_size": 1, "cluster_mode": job.cluster_mode, "replicas": None}
+    replicas = list(job.replicas.select_related("target"))
+    return {"cluster_size": job.cluster_size, "cluster_mode": job.cluster_mode,
+            "gpus_per_replica": job.gpus_per_replica,
+            "gpu_ids": replicas[0].gpu_ids if replicas else [],
+            "replicas": [{"index": r.index, "name": r.name, "role": r.role, "gpu_ids": r.gpu_ids,
+                          "computer": worker_computer(r.target)} for r in replicas]}
+
+
+def cluster_body(job: Job) -> dict:
+    """The cluster fields of the job body for people (docs/cluster-jobs.md "The job body")."""
+    replicas = list(job.replicas.select_related("target")) if job.is_cluster else []
+    group = job.compute_group if job.compute_group_id else None
+    return {
+        "cluster_size": job.cluster_size,
+        "cluster_mode": job.cluster_mode,
+        "gpus_per_replica": job.gpus_per_replica,
+        "compute_group": {"id": group.pk, "name": group.name} if group else None,
+        "queued_reason": cluster.queued_reason(job),
+        "end_replica": job.end_replica or None,
+        "replicas": [{"index": r.index, "name": r.name, "role": r.role,
+                      "computer": {"id": r.target_id, "name": r.target.name}, "gpu_ids": r.gpu_ids}
+                     for r in replicas],
     }
 
 
 def log_body(chunk) -> dict:
-    return {"id": chunk.pk, "stream": chunk.stream, "offset": chunk.offset, "data": chunk.data,
+    return {"id": chunk.pk, "replica": chunk.replica, "stream": chunk.stream, "offset": chunk.offset, "data": chunk.data,
             "created_at": chunk.created_at}
 
 

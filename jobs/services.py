@@ -19,9 +19,9 @@ from django.utils.dateparse import parse_datetime
 
 from computers import access as computer_access
 from computers.choices import Runtime
-from computers.models import ComputeTarget
-from jobs import access, outputs
-from jobs.choices import HELD_STATUSES, SITE_ACTIVE_STATUSES, EndReason, JobStatus, Stream
+from computers.models import ComputeGroup, ComputeTarget
+from jobs import access, cluster, outputs
+from jobs.choices import HELD_STATUSES, MAIN_REPLICA, SITE_ACTIVE_STATUSES, ClusterMode, EndReason, JobStatus, Stream
 from jobs.models import GpuReservation, Job, JobEvent, LogChunk, Metric
 from mado import access as identity
 from mado import services as identity_services
@@ -55,7 +55,8 @@ def create_job(actor: Actor, project, data: dict) -> Job:
         job = Job.objects.create(project=project, created_by=user, **values)
         _event(job, "created", f"Created by {user.username}")
         audit(actor, "job.create", job, project=project,
-              after={"computer": job.target.name, "runtime": job.runtime, "gpu_ids": job.gpu_ids})
+              after={"computer": job.target.name, "runtime": job.runtime, "gpu_ids": job.gpu_ids,
+                     **_cluster_audit(job)})
     notify(JOBS_CHANNEL)
     if job.target.kind == "site":
         from sites.submissions import SITES_CHANNEL
@@ -67,27 +68,25 @@ def create_job(actor: Actor, project, data: dict) -> Job:
 def _clean_job(user, project, data: dict) -> tuple[dict, dict]:
     errors: dict[str, list[str]] = {}
     values: dict = {}
-    computer_id = as_int(data.get("computer"), low=1, high=BIGINT_MAX)
-    if computer_id is None:
-        raise ServiceError("Choose the computer to run on (its ID).", "invalid_job",
-                           fields={"computer": ["Required: the computer's ID."]})
-    # FOR SHARE: an edit of the computer's GPUs or runtimes waits until this job is in, and then sees it.
-    target = ComputeTarget.objects.select_for_update(no_key=True).filter(pk=computer_id).first()
-    if target is None or not computer_access.can_use(user, target):
-        # Same answer for "missing" and "not yours": private computers' names stay private.
-        raise ServiceError("This computer is not available to you: choose a Public computer, or one you own.",
-                           "target_not_available", fields={"computer": ["Not available."]})
-    if not target.enabled:
-        raise ServiceError(f"The computer {target.name} is disabled; choose another or ask its owner to enable it.",
-                           "computer_disabled", fields={"computer": ["Disabled."]})
+    values.update(cluster.clean_fields(data, errors))
+    runtime = data.get("runtime") or Runtime.PYTHON
+    if values["cluster_size"] > 1 and values["cluster_mode"] == ClusterMode.MULTI_NODE:
+        target = cluster.placeholder_target(user, data, runtime, errors) if not errors else None
+        if target is None:
+            raise _invalid(errors)
+        values["compute_group"] = cluster.find_group(data.get("compute_group"))
+    else:
+        target = _chosen_computer(user, data)
     if target.kind == "site":
         from sites.services import check_can_submit
 
         check_can_submit(user, target)  # 422 site_account_required until My settings are saved
         if target.site_settings.submission == "manual":
             values["status"] = JobStatus.WAITING_MANUAL  # until its requester runs mado-tracking submit
+        if values["cluster_size"] > 1 and not _site_runs_clusters(target):
+            errors["cluster_size"] = ["Cluster jobs do not run on site computers yet; choose an SSH computer "
+                                      "or a compute group."]
     values["target"] = target
-    runtime = data.get("runtime") or Runtime.PYTHON
     if runtime not in target.runtimes:
         errors["runtime"] = [f"{target.name} supports {', '.join(target.runtimes) or 'no runtime yet'}; "
                              f"choose one of those."]
@@ -105,18 +104,8 @@ def _clean_job(user, project, data: dict) -> tuple[dict, dict]:
     if not isinstance(command, list) or not command or not all(isinstance(a, str) and "\0" not in a for a in command):
         errors["command"] = ["Give the command as a list of arguments, such as [\"python\", \"train.py\"]."]
     values["command"] = command or []
-    gpu_ids = data.get("gpu_ids") or []
-    if not isinstance(gpu_ids, list) or not all(isinstance(g, (str, int)) for g in gpu_ids):
-        errors["gpu_ids"] = ["GPU IDs are a list such as [\"0\", \"1\"]."]
-        gpu_ids = []
-    gpu_ids = [str(g) for g in gpu_ids]
-    unknown = [g for g in gpu_ids if g not in target.gpu_ids]
-    if unknown:
-        errors["gpu_ids"] = [f"{target.name} has no GPU {', '.join(unknown)}; it has "
-                             f"{', '.join(target.gpu_ids) or 'no GPUs'}."]
-    if len(set(gpu_ids)) != len(gpu_ids):
-        errors["gpu_ids"] = ["Each GPU ID once."]
-    values["gpu_ids"] = gpu_ids
+    # A cluster job's GPUs are picked per replica at claim time (cluster.clean_fields refused gpu_ids).
+    values["gpu_ids"] = _clean_gpu_ids(data, target, errors) if values["cluster_size"] == 1 else []
     parameters = data.get("parameters") or {}
     if not isinstance(parameters, dict):
         errors["parameters"] = ["Parameters are a JSON object."]
@@ -146,58 +135,108 @@ def _clean_job(user, project, data: dict) -> tuple[dict, dict]:
     except ServiceError as error:
         errors.update(error.fields)
     values["name"] = str(data.get("name") or "")[:200]
-    if data.get("cluster_size") not in (None, 1):
-        errors["cluster_size"] = ["Cluster jobs (cluster_size > 1) are not available yet."]
     return values, errors
+
+
+def _clean_gpu_ids(data: dict, target: ComputeTarget, errors: dict) -> list[str]:
+    gpu_ids = data.get("gpu_ids") or []
+    if not isinstance(gpu_ids, list) or not all(isinstance(g, (str, int)) for g in gpu_ids):
+        errors["gpu_ids"] = ["GPU IDs are a list such as [\"0\", \"1\"]."]
+        gpu_ids = []
+    gpu_ids = [str(g) for g in gpu_ids]
+    unknown = [g for g in gpu_ids if g not in target.gpu_ids]
+    if unknown:
+        errors["gpu_ids"] = [f"{target.name} has no GPU {', '.join(unknown)}; it has "
+                             f"{', '.join(target.gpu_ids) or 'no GPUs'}."]
+    if len(set(gpu_ids)) != len(gpu_ids):
+        errors["gpu_ids"] = ["Each GPU ID once."]
+    return gpu_ids
+
+
+def _chosen_computer(user, data: dict) -> ComputeTarget:
+    computer_id = as_int(data.get("computer"), low=1, high=BIGINT_MAX)
+    if computer_id is None:
+        raise ServiceError("Choose the computer to run on (its ID).", "invalid_job",
+                           fields={"computer": ["Required: the computer's ID."]})
+    # FOR SHARE: an edit of the computer's GPUs or runtimes waits until this job is in, and then sees it.
+    target = ComputeTarget.objects.select_for_update(no_key=True).filter(pk=computer_id).first()
+    if target is None or not computer_access.can_use(user, target):
+        # Same answer for "missing" and "not yours": private computers' names stay private.
+        raise ServiceError("This computer is not available to you: choose a Public computer, or one you own.",
+                           "target_not_available", fields={"computer": ["Not available."]})
+    if not target.enabled:
+        raise ServiceError(f"The computer {target.name} is disabled; choose another or ask its owner to enable it.",
+                           "computer_disabled", fields={"computer": ["Disabled."]})
+    return target
+
+
+def _site_runs_clusters(target: ComputeTarget) -> bool:
+    """Whether the site's job shell starts one runner per node (issue 9 §6); the sites app says so by
+    providing sites.shells.runs_clusters(target) once its Slurm path does."""
+    from sites import shells
+
+    runs = getattr(shells, "runs_clusters", None)
+    return bool(runs and runs(target))
 
 
 # Claim ------------------------------------------------------------------------------------------
 
 def claim_job(worker: Worker, active_job_ids: list[int]) -> tuple[Job, str | None] | None:
     """One transaction: recover an unacknowledged claim, or take the oldest queued job this worker
-    may run whose computer has a free slot and free GPUs. Returns (job, job token plaintext)."""
+    may run whose computers have free slots and free GPUs — for a cluster job, room for every replica
+    at once (jobs.cluster). Returns (job, job token plaintext)."""
     with transaction.atomic():
         # Serialise duplicate requests of one worker: a replayed claim sees the first one's result.
         Worker.objects.select_for_update().filter(pk=worker.pk).first()
         recovered = _recover_unacknowledged(worker, active_job_ids)
         if recovered is not None:
             return recovered
-        jobs = list(_claimable(worker).select_for_update(skip_locked=True, of=("self",))[:CLAIM_BATCH])
-        targets: dict[int, ComputeTarget | None] = {}
-        running: dict[int, int] = {}
+        jobs = list(_claimable(worker).select_for_update(skip_locked=True, of=("self",))
+                    .select_related("compute_group", "created_by")[:CLAIM_BATCH])
+        # SKIP LOCKED on the computers too (cluster.Rooms): a computer another claim is placing a job
+        # on is passed over, not waited for, so claims on different computers run side by side and
+        # never wait on each other in a cycle.
+        rooms = cluster.Rooms()
+        served = None
         for job in jobs:
-            if job.target_id not in targets:
-                # SKIP LOCKED on the computer too: a computer another claim is placing a job on is
-                # passed over, not waited for, so claims on different computers run side by side
-                # and never wait on each other in a cycle.
-                target = ComputeTarget.objects.select_for_update(skip_locked=True).filter(pk=job.target_id).first()
-                targets[job.target_id] = target
-                if target is not None:
-                    running[target.pk] = Job.objects.filter(target=target, status__in=HELD_STATUSES).count()
-            target = targets[job.target_id]
-            if target is None or not target.enabled or job.runtime not in target.runtimes:
+            if job.is_cluster:
+                served = served if served is not None else _served_ids(worker)
+                if cluster.try_claim(job, rooms, served, worker.target_ids):
+                    return _mark_claimed(worker, job)
                 continue
-            if running[target.pk] >= target.concurrency:
+            room = rooms.get(job.target_id)
+            if room is None or not room.target.enabled or job.runtime not in room.target.runtimes:
                 continue
-            if not _reserve_gpus(job, target):
+            if room.slots < 1:
+                continue
+            if not _reserve_gpus(job, room.target):
                 continue
             return _mark_claimed(worker, job)
     return None
+
+
+def _served_ids(worker: Worker) -> set[int]:
+    return set(computer_access.served_by_worker(worker.token.user).values_list("pk", flat=True))
 
 
 def _claimable(worker: Worker):
     # A worker runs jobs only on SSH/Local computers that the person who set it up — its service
     # account's creator — manages: the owner or a global administrator (seed 001 "Worker settings").
     # Being allowed to *use* a Public computer is not enough to receive other people's jobs and tokens.
-    served = computer_access.served_by_worker(worker.token.user).values("pk")
-    jobs = Job.objects.filter(status=JobStatus.QUEUED, target__enabled=True, target__in=served).filter(
+    served = computer_access.served_by_worker(worker.token.user)
+    if worker.target_ids:
+        served = served.filter(pk__in=worker.target_ids)
+    spread = Q(cluster_size__gt=1, cluster_mode=ClusterMode.MULTI_NODE)
+    on_its_computer = ~spread & Q(target__enabled=True, target__in=served.values("pk")) & (
         # The creator may still use the computer: its visibility may have changed since the Job was created.
         Q(target__visibility="public") | Q(target__owner=F("created_by"))
         | Q(created_by__service_account__created_by=F("target__owner"))
     )
-    if worker.target_ids:
-        jobs = jobs.filter(target_id__in=worker.target_ids)
-    return jobs.order_by("created_at", "id")
+    # A multi-node job's computers are chosen at claim time among its group's (cluster.candidate_ids
+    # checks the creator's right to each).
+    in_its_group = spread & Q(compute_group__in=ComputeGroup.objects.filter(
+        computers__in=served.values("pk")).values("pk"))
+    return Job.objects.filter(status=JobStatus.QUEUED).filter(on_its_computer | in_its_group).order_by("created_at", "id")
 
 
 def _reserve_gpus(job: Job, target: ComputeTarget) -> bool:
@@ -299,24 +338,31 @@ def heartbeat(worker: Worker, job_id: int, *, lease_id, status: str | None = Non
 
 
 def append_logs(job: Job, chunks, *, streams=(Stream.STDOUT, Stream.STDERR)) -> int:
-    """Store ordered chunks; a chunk resent with the same stream and offset is ignored. The worker
-    writes stdout/stderr; the job's own code (job token) writes its own `app` stream, so the two
-    never collide on an offset."""
+    """Store ordered chunks; a chunk resent with the same replica, stream and offset is ignored. The
+    worker writes stdout/stderr; the job's own code (job token) writes its own `app` stream, so the
+    two never collide on an offset. `replica` (default main1) names a cluster job's replica."""
     if not isinstance(chunks, list):
         raise ServiceError("chunks is a list of {stream, offset, data}.", "invalid", fields={"chunks": ["List."]})
+    names = job.replica_names
     rows = {}
     for chunk in chunks:
         offset = as_int(chunk.get("offset"), low=0, high=BIGINT_MAX) if isinstance(chunk, dict) else None
         if (offset is None or chunk.get("stream") not in streams or not isinstance(chunk.get("data"), str)
                 or len(chunk["data"].encode()) > MAX_LOG_CHUNK):
             raise ServiceError(f"Each chunk is {{stream: {'|'.join(streams)}, offset: byte offset ≥ 0, "
-                               "data: text ≤ 1 MiB}.", "invalid", fields={"chunks": ["Invalid chunk."]})
-        rows[(chunk["stream"], offset)] = LogChunk(job=job, stream=chunk["stream"], offset=offset, data=chunk["data"])
+                               "data: text ≤ 1 MiB, replica?}.", "invalid", fields={"chunks": ["Invalid chunk."]})
+        replica = chunk.get("replica") or MAIN_REPLICA
+        if replica not in names:
+            raise ServiceError(f"replica is one of this job's replicas: {', '.join(names[:8])}"
+                               + (" …" if len(names) > 8 else "") + ".", "invalid", fields={"chunks": ["Unknown replica."]})
+        rows[(replica, chunk["stream"], offset)] = LogChunk(job=job, replica=replica, stream=chunk["stream"],
+                                                            offset=offset, data=chunk["data"])
     if not rows:
         return 0
     # Count what is new: bulk_create(ignore_conflicts=True) returns every object it was given.
-    present = set(LogChunk.objects.filter(job=job, stream__in={s for s, _ in rows},
-                                          offset__in={o for _, o in rows}).values_list("stream", "offset"))
+    present = set(LogChunk.objects.filter(job=job, replica__in={r for r, _, _ in rows},
+                                          stream__in={s for _, s, _ in rows}, offset__in={o for _, _, o in rows})
+                  .values_list("replica", "stream", "offset"))
     new = [row for key, row in rows.items() if key not in present]
     LogChunk.objects.bulk_create(new, ignore_conflicts=True)
     return len(new)
@@ -357,8 +403,29 @@ def clean_completion(status: str, exit_code=None, end_reason: str | None = None)
     return exit_code
 
 
-def finish_completed(job: Job, status: str, *, exit_code=None, error: str = "", end_reason: str | None = None) -> str:
+def clean_replica(job: Job, replica, status: str, end_reason: str | None) -> str:
+    """The replica whose end ended a cluster job (docs/cluster-jobs.md, "End"); "" when not given."""
+    if replica in (None, ""):
+        if end_reason == EndReason.REPLICA_FAILED:
+            raise ServiceError("end_reason replica_failed needs replica: the name of the replica that failed.",
+                               "invalid", fields={"replica": ["Required with replica_failed."]})
+        return ""
+    if replica not in job.replica_names:
+        raise ServiceError(f"replica is one of this job's replicas: {', '.join(job.replica_names[:8])}.",
+                           "invalid", fields={"replica": ["Unknown replica."]})
+    if end_reason == EndReason.REPLICA_FAILED and status != JobStatus.FAILED:
+        raise ServiceError("A job that ends because a replica failed is failed.", "inconsistent_completion",
+                           fields={"status": ["failed expected."]})
+    return replica
+
+
+def finish_completed(job: Job, status: str, *, exit_code=None, error: str = "", end_reason: str | None = None,
+                     replica: str = "") -> str:
     """End a locked, running job as its executor reported; returns the end reason."""
+    if replica:
+        job.end_replica = replica
+        if error and replica not in error:
+            error = f"{replica}: {error}"
     missing = outputs.missing_artifacts(job) if status == JobStatus.FINISHED else []
     if missing:
         raise Conflict(f"Upload the declared artifacts first: {', '.join(missing[:5])}"
@@ -371,7 +438,7 @@ def finish_completed(job: Job, status: str, *, exit_code=None, error: str = "", 
 
 
 def complete(worker: Worker, job_id: int, *, lease_id, status: str, exit_code=None, error: str = "",
-             end_reason: str | None = None) -> Job:
+             end_reason: str | None = None, replica: str | None = None) -> Job:
     exit_code = clean_completion(status, exit_code, end_reason)
     with transaction.atomic():
         job = leased(worker, job_id, lease_id)
@@ -379,9 +446,12 @@ def complete(worker: Worker, job_id: int, *, lease_id, status: str, exit_code=No
             if job.status == status:
                 return job  # the same completion resent
             raise Conflict(f"This job already ended as {job.status}.", "job_already_completed")
-        reason = finish_completed(job, status, exit_code=exit_code, error=error, end_reason=end_reason)
+        replica = clean_replica(job, replica, status, end_reason)
+        reason = finish_completed(job, status, exit_code=exit_code, error=error, end_reason=end_reason,
+                                  replica=replica)
         audit(Actor(worker.token.user), "job.complete", job, project=job.project,
-              after={"status": status, "end_reason": reason, "exit_code": exit_code})
+              after={"status": status, "end_reason": reason, "exit_code": exit_code,
+                     **({"replica": replica} if replica else {})})
         _count_active(worker)
     notify(JOBS_CHANNEL)
     return job
@@ -394,7 +464,7 @@ def _finish(job: Job, status: str, reason: str, *, exit_code=None, error: str = 
     job.exit_code = int(exit_code) if exit_code is not None else None
     job.error = _printable(str(error or ""))[:1000]
     job.finished_at = timezone.now()
-    job.save(update_fields=["status", "end_reason", "exit_code", "error", "finished_at"])
+    job.save(update_fields=["status", "end_reason", "exit_code", "error", "finished_at", "end_replica"])
     GpuReservation.objects.filter(job=job).delete()
     identity_services.revoke_job_tokens(job.pk)
     label = {JobStatus.FINISHED: "Finished", JobStatus.FAILED: "Failed", JobStatus.CANCELED: "Canceled"}[status]
@@ -434,6 +504,14 @@ def request_stop(actor: Actor, job: Job) -> Job:
 
 def _event(job: Job, kind: str, message: str) -> None:
     JobEvent.objects.create(job=job, kind=kind, message=message[:500])
+
+
+def _cluster_audit(job: Job) -> dict:
+    if not job.is_cluster:
+        return {}
+    return {"cluster_size": job.cluster_size, "cluster_mode": job.cluster_mode,
+            "gpus_per_replica": job.gpus_per_replica,
+            **({"compute_group": job.compute_group.name} if job.compute_group else {})}
 
 
 def _invalid(errors: dict) -> ServiceError:

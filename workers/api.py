@@ -214,7 +214,7 @@ class JobCompleteView(LeasedJobView):
         body = self.leased_body()
         job = job_services.complete(self.worker(), job_id, lease_id=body["lease_id"], status=body.get("status"),
                                     exit_code=body.get("exit_code"), error=body.get("error") or "",
-                                    end_reason=body.get("end_reason"))
+                                    end_reason=body.get("end_reason"), replica=body.get("replica"))
         return Response({"id": job.pk, "status": job.status, "end_reason": job.end_reason})
 
 

@@ -1,0 +1,240 @@
+"""Cluster jobs (docs/cluster-jobs.md): their fields at creation, where their replicas go at claim
+time, and why a queued one waits.
+
+Placement runs inside the claim transaction on computers locked FOR UPDATE SKIP LOCKED: a computer
+that another claim is busy with is simply not available to this one, so claims never wait on each
+other and never deadlock, and what a locked computer has free cannot change under us. Every replica's
+GPU reservations and replica rows are written in one savepoint: all of them, or none."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from django.db import IntegrityError, transaction
+from django.db.models import Q
+
+from computers import access as computer_access
+from computers.choices import Kind
+from computers.models import ComputeGroup, ComputeTarget
+from jobs.choices import HELD_STATUSES, MAX_CLUSTER_SIZE, ClusterMode
+from jobs.models import GpuReservation, Job, JobReplica
+from mado.validation import BIGINT_MAX, as_int
+
+MAX_GPUS_PER_REPLICA = 64
+GROUP_KINDS = (Kind.SSH, Kind.LOCAL)
+
+
+# Creation ---------------------------------------------------------------------------------------
+
+def given(data: dict, name: str) -> bool:
+    return data.get(name) not in (None, "")
+
+
+def clean_fields(data: dict, errors: dict) -> dict:
+    """cluster_size, cluster_mode and gpus_per_replica; the computer or group is checked by the caller."""
+    size = as_int(data["cluster_size"], low=1, high=MAX_CLUSTER_SIZE) if given(data, "cluster_size") else 1
+    if size is None:
+        errors["cluster_size"] = [f"The cluster size is a whole number from 1 to {MAX_CLUSTER_SIZE}."]
+        size = 1
+    mode = data.get("cluster_mode") or ClusterMode.SINGLE_NODE
+    if mode not in ClusterMode.values:
+        errors["cluster_mode"] = ["The cluster mode is single-node or multi-node."]
+        mode = ClusterMode.SINGLE_NODE
+    values = {"cluster_size": size, "cluster_mode": mode, "gpus_per_replica": 0}
+    per_replica = data.get("gpus_per_replica")
+    if size == 1:
+        if given(data, "compute_group"):
+            errors["compute_group"] = ["A compute group places cluster jobs (cluster size 2 or more); "
+                                       "for one replica choose a computer."]
+        if given(data, "gpus_per_replica") and as_int(per_replica, low=0, high=0) is None:
+            errors["gpus_per_replica"] = ["GPUs per replica are for cluster jobs; for one replica give the "
+                                          "GPU IDs to use (gpu_ids)."]
+        return values
+    if data.get("gpu_ids"):
+        errors["gpu_ids"] = ["A cluster job does not name GPU IDs: give gpus_per_replica and the server picks "
+                             "a separate set for each replica."]
+    if given(data, "gpus_per_replica"):
+        values["gpus_per_replica"] = as_int(per_replica, low=0, high=MAX_GPUS_PER_REPLICA)
+        if values["gpus_per_replica"] is None:
+            errors["gpus_per_replica"] = [f"GPUs per replica is a whole number from 0 to {MAX_GPUS_PER_REPLICA}."]
+            values["gpus_per_replica"] = 0
+    multi = mode == ClusterMode.MULTI_NODE
+    if multi and not given(data, "compute_group"):
+        errors["compute_group"] = ["A multi-node cluster job runs on a compute group: choose one."]
+    if multi and given(data, "computer"):
+        errors["computer"] = ["A multi-node cluster job runs on a compute group, not on one computer: "
+                              "leave the computer out."]
+    if not multi and given(data, "compute_group"):
+        errors["compute_group"] = ["A single-node cluster job runs on one computer: choose the computer, "
+                                   "or make it multi-node."]
+    return values
+
+
+def find_group(value) -> ComputeGroup | None:
+    """A compute group by id or by name (case-insensitive)."""
+    pk = as_int(value, low=1, high=BIGINT_MAX)
+    if pk is not None:
+        return ComputeGroup.objects.filter(pk=pk).first()
+    if isinstance(value, str):
+        return ComputeGroup.objects.filter(name__iexact=value.strip()).first()
+    return None
+
+
+def group_members(group: ComputeGroup, user, runtime: str | None = None):
+    """The group's computers a multi-node job of this user may run on."""
+    members = group.computers.filter(enabled=True, kind__in=GROUP_KINDS).filter(
+        pk__in=computer_access.usable_by(user).values("pk"))
+    if runtime is not None:
+        members = [c for c in members.order_by("name", "pk") if runtime in c.runtimes]
+    return members
+
+
+def placeholder_target(user, data: dict, runtime: str, errors: dict) -> ComputeTarget | None:
+    """A multi-node job's computer until it is claimed: a member of its group (locked FOR SHARE like
+    a chosen computer, so its runtimes cannot change while the job goes in)."""
+    group = find_group(data.get("compute_group"))
+    if group is None:
+        errors["compute_group"] = ["No such compute group: give its id or name (Settings → Computers → "
+                                   "Compute groups)."]
+        return None
+    members = group_members(group, user, runtime)
+    if not members:
+        errors["compute_group"] = [f"No enabled computer of the compute group {group.name} that you may use "
+                                   f"supports {runtime}; choose another group or runtime."]
+        return None
+    return ComputeTarget.objects.select_for_update(no_key=True).filter(pk=members[0].pk).first()
+
+
+# Claim ------------------------------------------------------------------------------------------
+
+def slots_used(target_id: int) -> int:
+    """Concurrent-job slots in use: one per held ordinary job, one per held replica of a cluster job."""
+    ordinary = Job.objects.filter(target_id=target_id, status__in=HELD_STATUSES, cluster_size__lte=1).count()
+    replicas = JobReplica.objects.filter(target_id=target_id, job__status__in=HELD_STATUSES).count()
+    return ordinary + replicas
+
+
+@dataclass
+class Room:
+    """What a computer has free now."""
+    target: ComputeTarget
+    slots: int
+    free_gpus: list[str] = field(default_factory=list)
+
+    @classmethod
+    def of(cls, target: ComputeTarget) -> Room:
+        reserved = set(GpuReservation.objects.filter(target=target).values_list("gpu_id", flat=True))
+        return cls(target, target.concurrency - slots_used(target.pk),
+                   [g for g in target.gpu_ids if g not in reserved])
+
+    def holds(self, gpus_per_replica: int) -> int:
+        """How many replicas of this size fit now."""
+        by_gpus = len(self.free_gpus) // gpus_per_replica if gpus_per_replica else self.slots
+        return max(0, min(self.slots, by_gpus))
+
+
+class Rooms:
+    """The computers one claim has looked at, each locked once FOR UPDATE SKIP LOCKED (None: another
+    claim holds it, so it is not available to this one)."""
+
+    def __init__(self):
+        self._rooms: dict[int, Room | None] = {}
+
+    def get(self, target_id: int) -> Room | None:
+        if target_id not in self._rooms:
+            target = ComputeTarget.objects.select_for_update(skip_locked=True).filter(pk=target_id).first()
+            self._rooms[target_id] = Room.of(target) if target is not None else None
+        return self._rooms[target_id]
+
+
+def candidate_ids(job: Job, served_ids: set[int], worker_target_ids) -> list[int]:
+    """The computers a cluster job may use with this worker: single-node its own; multi-node the
+    members of its group this worker serves and the creator may use."""
+    if not job.is_multi_node:
+        return [job.target_id]
+    if job.compute_group_id is None:
+        return []
+    members = group_members(job.compute_group, job.created_by, job.runtime)
+    return [c.pk for c in members if c.pk in served_ids and (not worker_target_ids or c.pk in worker_target_ids)]
+
+
+def place(job: Job, rooms: list[Room]) -> list[tuple[Room, list[str]]] | None:
+    """One (room, GPU IDs) per replica in index order, or None when they do not all fit now.
+    All on one computer when one can hold them all (the tightest fit, as the peer packs to avoid the
+    network); otherwise the computers with most room first."""
+    size, per = job.cluster_size, job.gpus_per_replica
+    usable = [r for r in rooms if r.target.enabled and job.runtime in r.target.runtimes and r.holds(per) > 0]
+    whole = [r for r in usable if r.holds(per) >= size]
+    if whole:
+        chosen = [(min(whole, key=lambda r: (r.holds(per), r.target.name)), size)]
+    elif job.is_multi_node:
+        chosen, left = [], size
+        for room in sorted(usable, key=lambda r: (-r.holds(per), r.target.name)):
+            take = min(left, room.holds(per))
+            chosen.append((room, take))
+            left -= take
+            if not left:
+                break
+        if left:
+            return None
+    else:
+        return None
+    placement = []
+    for room, count in chosen:
+        for number in range(count):
+            placement.append((room, room.free_gpus[number * per:(number + 1) * per]))
+    return placement
+
+
+def reserve(job: Job, placement: list[tuple[Room, list[str]]]) -> bool:
+    """Every replica's GPUs and replica row, in one savepoint: all or nothing. The unique constraint
+    on (computer, GPU) stays the last word."""
+    names = job.replica_names
+    try:
+        with transaction.atomic():
+            GpuReservation.objects.bulk_create(
+                [GpuReservation(target=room.target, gpu_id=gpu, job=job) for room, gpus in placement for gpu in gpus])
+            JobReplica.objects.bulk_create(
+                [JobReplica(job=job, index=index, name=names[index], target=room.target, gpu_ids=gpus)
+                 for index, (room, gpus) in enumerate(placement)])
+    except IntegrityError:
+        return False
+    main = placement[0][0].target
+    if job.target_id != main.pk:
+        job.target = main  # a multi-node job's computer is main1's from now on
+        job.save(update_fields=["target"])
+    return True
+
+
+def try_claim(job: Job, rooms: Rooms, served_ids: set[int], worker_target_ids) -> bool:
+    found = [rooms.get(pk) for pk in candidate_ids(job, served_ids, worker_target_ids)]
+    placement = place(job, [room for room in found if room is not None])
+    return placement is not None and reserve(job, placement)
+
+
+# Why a queued cluster job waits -----------------------------------------------------------------
+
+def queued_reason(job: Job) -> str | None:
+    """A sentence for a queued cluster job, like the peer's PENDING; read without locks."""
+    if not job.is_cluster or job.status != "queued":
+        return None
+    size, per = job.cluster_size, job.gpus_per_replica
+    need = f"Needs {size} replicas × {per} GPU{'' if per == 1 else 's'}"
+    if job.is_multi_node:
+        group = job.compute_group
+        if group is None:
+            return "Its compute group was deleted: stop it and create it again on another group."
+        members = group_members(group, job.created_by, job.runtime)
+        if not members:
+            return f"No enabled computer of {group.name} that its creator may use supports {job.runtime}."
+        where = f"the computers of {group.name}"
+    else:
+        members, where = [job.target], job.target.name
+    # What the computers could hold if nothing else ran (multi-node adds them up; single-node has one).
+    most = sum(Room(c, c.concurrency, list(c.gpu_ids)).holds(per) for c in members)
+    if most < size:
+        return (f"{need}; {where} can hold at most {most} (by GPUs and concurrent jobs), so it cannot start. "
+                "Stop it and ask for fewer replicas or GPUs.")
+    now = sum(Room.of(c).holds(per) for c in members)
+    if now < size:
+        return f"{need}; there is room for {now} now on {where}. It starts when all {size} fit at once."
+    return f"{need}; waiting for a worker that serves {'them' if job.is_multi_node else where} to claim it."
