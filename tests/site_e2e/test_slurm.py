@@ -1,0 +1,174 @@
+"""A site's Jobs through a real Slurm (munge + slurmctld + slurmd, tests/peers/slurm.py) end to end:
+the launcher logs in to the real sshd as the login user, writes the spec directories, runs the
+built-in Slurm job shell (sbatch); slurmd runs the batch script, which execs the runner from the spec
+directory; the runner builds the python runtime's venv, runs the code under the supervisor and reports
+with the job token. Also: Request stop (scancel through the job shell's mmt_cancel, and the runner's
+cancel_requested), the scheduler's SIGTERM before a short time limit, an array of three, and the same
+flow on a manual site with `mado-tracking submit` run as a program. See conftest.py."""
+from __future__ import annotations
+
+import re
+import socket
+
+from jobs.models import JobEvent, Metric
+from jobs.services import request_stop
+from mado.services import Actor
+from sites.models import Submission
+from tests.conftest import bearer
+from tests.support import wait_for
+
+# Numbered lines, then a metric through result.json.
+NUMBERED = '''\
+import json, os, time
+time.sleep(1)
+for i in range(1, {lines} + 1):
+    print(f"line {{i:03d}} of job {{os.environ['MMT_JOB_ID']}}", flush=True)
+    time.sleep(0.01)
+with open(os.environ["MMT_RESULT_FILE"], "w") as f:
+    json.dump({{"version": 1, "complete": True, "metrics": [{{"name": "loss", "value": 0.25, "step": 1}}]}}, f)
+'''
+
+# A numbered line every 0.2 s for five minutes.
+TICKER = '''\
+import time
+for i in range(1500):
+    print(f"tick {i}", flush=True)
+    time.sleep(0.2)
+'''
+
+
+def numbered(lines: int) -> str:
+    return NUMBERED.format(lines=lines)
+
+
+def expected_lines(job, lines: int) -> str:
+    return "".join(f"line {i:03d} of job {job.pk}\n" for i in range(1, lines + 1))
+
+
+def ticks(text: str) -> list[int]:
+    return [int(line.split()[1]) for line in text.splitlines() if line.startswith("tick ")]
+
+
+def test_a_job_goes_through_slurm_and_finishes_with_its_logs_metric_and_slurm_id(slurm_site, slurm, sshd, world,
+                                                                                 client):
+    site = slurm_site
+    job = site.job(numbered(200), walltime_seconds=600)
+    assert job.status == "queued"
+
+    site.round()
+    row = site.submission(job)
+    assert row.status == "submitted", row.error
+    slurm_id = row.scheduler_job_id
+    assert re.fullmatch(r"[0-9]+", slurm_id), slurm_id
+    # The scheduler holds it, pending or already running, under the login user and the job shell's name.
+    assert slurm.queue(slurm_id) and slurm.queue(slurm_id)[0][1] in ("PENDING", "CONFIGURING", "RUNNING"), \
+        slurm.queue(slurm_id)
+    details = slurm.show(slurm_id)
+    for expected in (f"JobName=mmt-{job.pk}", "Partition=debug", f"UserId={sshd.user}(", "TimeLimit=00:10:00",
+                     "Requeue=0"):
+        assert expected in details, details
+
+    job = site.wait_status(job, "finished", "failed", "canceled")
+    assert (job.status, job.exit_code, job.end_reason) == ("finished", 0, "exit_code"), job.error
+    assert site.log(job) == expected_lines(job, 200)
+    assert [(m.name, m.value, m.step) for m in Metric.objects.filter(job=job)] == [("loss", 0.25, 1)]
+    row = site.submission(job)
+    assert (row.scheduler_job_id, row.runner_hostname) == (slurm_id, socket.gethostname())
+    kinds = list(JobEvent.objects.filter(job=job).order_by("id").values_list("kind", flat=True))
+    for earlier, later in (("claimed", "submitted"), ("submitted", "runner_started"), ("runner_started", "started"),
+                           ("started", "finished")):
+        assert kinds.index(earlier) < kinds.index(later), kinds
+    wait_for(lambda: not slurm.queue(slurm_id), timeout=30, what="the batch job to leave the queue")
+    assert "JobState=COMPLETED" in slurm.show(slurm_id)
+
+    # What the requester sees: the API's Job and the job page's timeline with the Slurm id.
+    answer = bearer(world.member_token(world.project_admin)).get(f"/api/jobs/{job.pk}")
+    assert answer.status_code == 200
+    assert (answer.json()["status"], answer.json()["exit_code"]) == ("finished", 0)
+    client.force_login(world.project_admin)
+    page = client.get(f"/projects/{world.project.slug}/jobs/{job.pk}/").content.decode()
+    assert f"Submitted to the scheduler as {slurm_id}" in page
+
+
+def test_request_stop_of_a_pending_job_runs_scancel_through_the_job_shell(slurm_site, slurm, world):
+    site = slurm_site
+    # Another job takes the whole node, so this one stays pending in the queue.
+    blocker = slurm.run("sbatch", "--parsable", "--exclusive", "--job-name=blocker", "--wrap", "sleep 300").stdout
+    blocker = blocker.strip().split(";")[0]
+    try:
+        wait_for(lambda: slurm.queue(blocker) == [(blocker, "RUNNING")], timeout=30, what="the blocker running")
+        job = site.job(numbered(5), walltime_seconds=600)
+        site.round()
+        slurm_id = site.submission(job).scheduler_job_id
+        assert slurm.queue(slurm_id) == [(slurm_id, "PENDING")]
+
+        job = request_stop(Actor(world.project_admin), job)
+        row = site.submission(job)
+        assert (job.status, row.cancel_state) == ("submitted", "queued")
+        site.round()  # the launcher runs the cancel script (mmt_cancel: scancel) over SSH and reports it
+        row.refresh_from_db()
+        assert (row.cancel_state, row.cancel_error) == ("done", "")
+        job = site.wait_status(job, "canceled", timeout=5)
+        assert job.end_reason == "canceled"
+        wait_for(lambda: not slurm.queue(slurm_id), timeout=30, what="scancel to empty the queue")
+        assert "JobState=CANCELLED" in slurm.show(slurm_id)
+        assert row.runner_started_at is None
+    finally:
+        slurm.run("scancel", blocker, check=False)
+
+
+def test_request_stop_of_a_running_job_reaches_its_runner_and_the_queue_empties(slurm_site, slurm, world):
+    site = slurm_site
+    job = site.job(TICKER, walltime_seconds=600)
+    site.round()
+    slurm_id = site.submission(job).scheduler_job_id
+    site.wait_status(job, "running")
+    wait_for(lambda: ticks(site.log(job))[-1:] >= [5], timeout=30, what="a few ticks stored")
+
+    request_stop(Actor(world.project_admin), job)
+    job = site.wait_status(job, "canceled", "failed", "finished", timeout=40)
+    assert (job.status, job.end_reason) == ("canceled", "canceled"), job.error
+    got = ticks(site.log(job))
+    assert got == list(range(len(got))) and len(got) < 1500
+    wait_for(lambda: not slurm.queue(slurm_id), timeout=30, what="the batch job to end with its runner")
+    assert "JobState=COMPLETED" in slurm.show(slurm_id) or "JobState=FAILED" in slurm.show(slurm_id)
+
+
+def test_a_walltime_shorter_than_the_job_ends_it_timed_out_with_its_logs(slurm_site, slurm):
+    site = slurm_site
+    # Two minutes: the job shell asks Slurm for SIGTERM 60 s before the limit (half of a short limit,
+    # mmt_lead_seconds); slurmctld checks time limits every 30 s, so it comes 30–60 s after the start.
+    job = site.job(TICKER, walltime_seconds=120)
+    site.round()
+    slurm_id = site.submission(job).scheduler_job_id
+    assert "TimeLimit=00:02:00" in slurm.show(slurm_id)
+    site.wait_status(job, "running")
+
+    job = site.wait_status(job, "failed", "finished", "canceled", timeout=150)
+    assert (job.status, job.end_reason) == ("failed", "timed_out"), job.error
+    assert "time limit" in job.error
+    got = ticks(site.log(job))
+    assert len(got) > 20 and got == list(range(len(got)))  # every line it printed until SIGTERM, in order
+    wait_for(lambda: not slurm.queue(slurm_id), timeout=60, what="the batch job to leave the queue")
+
+
+def test_three_jobs_alike_go_as_one_slurm_array_and_each_finishes_with_its_own_logs(slurm_site, slurm):
+    site = slurm_site
+    jobs = [site.job(numbered(30), walltime_seconds=600) for _ in range(3)]
+    site.round()
+    rows = [site.submission(job) for job in jobs]
+    slurm_id = rows[0].scheduler_job_id
+    assert [(r.status, r.scheduler_job_id, r.array_index) for r in rows] == \
+        [("submitted", slurm_id, i) for i in range(3)]
+    assert len({r.batch for r in rows}) == 1
+    assert "ArrayTaskId=" in slurm.show(slurm_id)
+    assert sorted(task for task, _ in slurm.queue(slurm_id)) in (
+        [f"{slurm_id}_0", f"{slurm_id}_1", f"{slurm_id}_2"], [f"{slurm_id}_1", f"{slurm_id}_2"], [f"{slurm_id}_2"])
+
+    for job in jobs:
+        job = site.wait_status(job, "finished", "failed", "canceled")
+        assert (job.status, job.exit_code) == ("finished", 0), job.error
+        assert site.log(job) == expected_lines(job, 30)
+        assert Metric.objects.filter(job=job).count() == 1
+    wait_for(lambda: not slurm.queue(slurm_id), timeout=30, what="the array to leave the queue")
+    assert Submission.objects.filter(job__in=jobs, runner_started_at__isnull=False).count() == 3
