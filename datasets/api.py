@@ -3,7 +3,9 @@ on API tokens. File bytes go up with PUT in resumable parts and come down with G
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
+from django.db import transaction
 from django.db.models import Count, Q
 from django.http import HttpResponse, JsonResponse, StreamingHttpResponse
 from drf_spectacular.utils import OpenApiTypes, extend_schema
@@ -13,11 +15,14 @@ from rest_framework.views import APIView
 from datasets import access, services
 from datasets.choices import VersionStatus
 from datasets.models import DatasetVersion
+from jobs import services as job_services
+from jobs.choices import HELD_STATUSES
 from mado.api.views import json_object, project_for
 from mado.choices import Role, Scope
 from mado.errors import Conflict
 from mado.exceptions import error_body
 from mado.services import Actor
+from workers.api import LeasedJobView, QueryLeaseMixin, WorkerView
 
 WRITE = {"GET": Scope.READ, "POST": Scope.REGISTRY_WRITE, "PUT": Scope.REGISTRY_WRITE}
 VERSION_PAGE = 200
@@ -171,6 +176,10 @@ def ranged_file(request, location, size: int, sha256: str) -> HttpResponse:
             return response
         status = 206
     length = max(end - start + 1, 0)
+    if not Path(location).is_file():
+        # The row says complete but the bytes are gone from storage: nothing a retry could fix.
+        return JsonResponse(error_body("The server no longer holds this file's bytes; upload the version again.",
+                                       "file_missing"), status=404)
     response = StreamingHttpResponse(_read(location, start, length), status=status,
                                      content_type="application/octet-stream")
     response["Content-Length"] = str(length)
@@ -190,3 +199,50 @@ def _read(location, start: int, length: int):
                 return
             length -= len(block)
             yield block
+
+
+# The serving worker reads a job's input versions (relay transfer) ------------------------------
+
+def _leased_input(view, request, job_id: int, version_pk: int) -> DatasetVersion:
+    job = view.query_leased(request, job_id)
+    if job.status not in HELD_STATUSES:
+        raise Conflict(f"Job {job.pk} already ended ({job.status}); its inputs are no longer needed.", "job_ended")
+    return services.job_input(job, version_pk)
+
+
+class WorkerInputManifestView(QueryLeaseMixin, WorkerView):
+    """GET ?worker_id=&lease_id=: the manifest of an input version of a job this worker holds."""
+
+    required_scopes = {"GET": Scope.WORKER_EXECUTE}
+
+    @extend_schema(operation_id="worker_job_dataset_manifest", responses=OpenApiTypes.OBJECT)
+    def get(self, request, job_id, version):
+        version = _leased_input(self, request, job_id, version)
+        return Response({"digest": version.digest, "items": version.manifest()})
+
+
+class WorkerInputFileView(QueryLeaseMixin, WorkerView):
+    """GET ?worker_id=&lease_id=: one file of an input version (Range allowed), for the worker that
+    holds the job; its token may belong to another project than the job's."""
+
+    required_scopes = {"GET": Scope.WORKER_EXECUTE}
+
+    @extend_schema(operation_id="worker_job_dataset_file",
+                   responses={(200, "application/octet-stream"): OpenApiTypes.BINARY})
+    def get(self, request, job_id, version, path):
+        version = _leased_input(self, request, job_id, version)
+        entry = services.entry_for(version, path)
+        return ranged_file(request, services.media(entry.file.file.name), entry.size, entry.sha256)
+
+
+class WorkerCacheUsageView(LeasedJobView):
+    """POST {worker_id, lease_id, usage}: the computer's dataset cache as found after the inputs of
+    this job were ensured (shown on the computer's details page)."""
+
+    @extend_schema(operation_id="worker_job_dataset_cache", request=OpenApiTypes.OBJECT, responses=OpenApiTypes.OBJECT)
+    def post(self, request, job_id):
+        body = self.leased_body()
+        with transaction.atomic():
+            job = job_services.leased(self.worker(), job_id, body["lease_id"])
+            services.record_cache_usage(job, body.get("worker_id"), body.get("usage"))
+        return Response({"recorded": True})

@@ -105,3 +105,32 @@ class DatasetEntry(models.Model):
     class Meta:
         ordering = ["path"]
         constraints = [models.UniqueConstraint(fields=["version", "path"], name="dataset_entry_path")]
+
+
+class JobInputDataset(models.Model):
+    """A dataset version a job reads: delivered to its computer's cache before the job starts
+    (docs/datasets.md, "Versions as job inputs")."""
+
+    job = models.ForeignKey("jobs.Job", on_delete=models.CASCADE, related_name="input_datasets")
+    # PROTECT: a version in use by a job's record stays, so the job's inputs stay explainable.
+    version = models.ForeignKey(DatasetVersion, on_delete=models.PROTECT, related_name="input_of")
+    position = models.PositiveSmallIntegerField(default=0)
+
+    class Meta:
+        ordering = ["job", "position"]
+        constraints = [models.UniqueConstraint(fields=["job", "version"], name="job_input_dataset_once")]
+
+
+class DatasetCacheReport(models.Model):
+    """What a worker last found in a computer's dataset cache, reported after it ensured a job's
+    inputs there: the computer's details page shows it with its time, never a guess."""
+
+    target = models.OneToOneField("computers.ComputeTarget", on_delete=models.CASCADE,
+                                  related_name="dataset_cache_report")
+    used_bytes = models.BigIntegerField(default=0)
+    limit_bytes = models.BigIntegerField(default=0)
+    version_count = models.PositiveIntegerField(default=0)
+    pinned_count = models.PositiveIntegerField(default=0)
+    worker_id = models.CharField(max_length=64, blank=True)
+    job = models.ForeignKey("jobs.Job", on_delete=models.SET_NULL, null=True, blank=True, related_name="+")
+    reported_at = models.DateTimeField(default=timezone.now)

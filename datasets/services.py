@@ -16,9 +16,10 @@ from django.db import IntegrityError, transaction
 from django.db.models import F, Max, Q
 from django.utils import timezone
 
-from datasets import manifest
+from datasets import access, manifest
 from datasets.choices import VersionStatus
-from datasets.models import Dataset, DatasetEntry, DatasetFile, DatasetVersion, stored_path
+from datasets.models import (Dataset, DatasetCacheReport, DatasetEntry, DatasetFile, DatasetVersion, JobInputDataset,
+                             stored_path)
 from jobs import storage
 from mado.errors import Conflict, ServiceError
 from mado.services import Actor, audit
@@ -369,3 +370,103 @@ def _adopt(files: dict[str, DatasetFile], sources: dict[str, str]) -> None:
         stored.file.name, stored.received_bytes, stored.complete = relative, stored.size, True
         adopted.append(stored)
     DatasetFile.objects.bulk_update(adopted, ["file", "received_bytes", "complete"], batch_size=BATCH)
+
+
+# Versions as job inputs -------------------------------------------------------------------------
+
+MAX_INPUTS = 16
+
+
+def clean_input_datasets(user, project, raw) -> list[DatasetVersion]:
+    """The versions a new job reads, from `input_datasets` (a list of version ids): complete versions
+    of the project's datasets the creator can see, each once. ServiceError names what to fix."""
+    if raw in (None, "", []):
+        return []
+    field = "input_datasets"
+    if not isinstance(raw, list) or not all(_version_id(i) is not None for i in raw):
+        raise ServiceError("input_datasets lists dataset version ids, such as [12, 15].", "invalid_job",
+                           fields={field: ["A list of version ids."]})
+    ids = [_version_id(i) for i in raw]
+    if len(ids) > MAX_INPUTS:
+        raise ServiceError(f"A job reads at most {MAX_INPUTS} dataset versions; this one names {len(ids)}.",
+                           "invalid_job", fields={field: ["Too many versions."]})
+    if len(set(ids)) != len(ids):
+        raise ServiceError("input_datasets names a version twice; list each version once.", "invalid_job",
+                           fields={field: ["Each version once."]})
+    found = {v.pk: v for v in DatasetVersion.objects.filter(
+        pk__in=ids, dataset__in=access.visible_in(user, project)).select_related("dataset")}
+    for pk in ids:
+        version = found.get(pk)
+        problem = _input_problem(version, pk, project)
+        if problem:
+            raise ServiceError(problem, "invalid_input_dataset", fields={field: [problem]})
+    return [found[pk] for pk in ids]
+
+
+def _version_id(value) -> int | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, str) and value.isdigit() and len(value) < 19:
+        value = int(value)
+    return value if isinstance(value, int) and 0 < value < 2 ** 63 else None
+
+
+def _input_problem(version: DatasetVersion | None, pk: int, project) -> str | None:
+    if version is None:
+        return f"Project {project.slug} has no dataset version {pk}; copy the version id from its dataset's page."
+    if not version.is_complete:
+        return f"Version {pk} of {version.dataset.name} is still uploading; choose it once it is complete."
+    if version.uri:
+        return (f"Version {version} is stored elsewhere ({version.uri}); Mado cannot deliver it. Have the job "
+                "read the uri itself, through a parameter.")
+    return None
+
+
+def attach_inputs(job, versions: list[DatasetVersion]) -> None:
+    """Record the job's input versions (inside the job's creation transaction)."""
+    JobInputDataset.objects.bulk_create(
+        [JobInputDataset(job=job, version=v, position=i) for i, v in enumerate(versions)])
+
+
+def input_versions(job) -> list[DatasetVersion]:
+    return [row.version for row in job.input_datasets.select_related("version__dataset").order_by("position")]
+
+
+def claim_payload(job) -> list[dict]:
+    """What a worker needs to put each input version into the computer's cache (the claim's
+    `input_datasets`): relay reads the `worker_*` URLs with the worker's token and lease; direct
+    hands the project URLs and the job token to the computer."""
+    items = []
+    for version in input_versions(job):
+        project_base = f"/api/projects/{job.project.slug}/datasets/{version.dataset_id}/versions/{version.pk}"
+        worker_base = f"/api/worker/jobs/{job.pk}/datasets/{version.pk}"
+        items.append({"id": version.pk, "dataset": {"id": version.dataset_id, "name": version.dataset.name},
+                      "number": version.number, "digest": version.digest, "file_count": version.file_count,
+                      "total_size": version.total_size,
+                      "manifest_url": project_base + "/manifest", "files_url": project_base + "/files/",
+                      "worker_manifest_url": worker_base + "/manifest", "worker_files_url": worker_base + "/files/"})
+    return items
+
+
+def job_input(job, version_pk: int) -> DatasetVersion:
+    """An input version of `job`; 404 for any other version (the lease reads only its own inputs)."""
+    row = job.input_datasets.select_related("version__dataset").filter(version_id=version_pk).first()
+    if row is None:
+        raise ServiceError(f"Dataset version {version_pk} is not an input of job {job.pk}.", "not_an_input",
+                           status=404)
+    return row.version
+
+
+def record_cache_usage(job, worker_id: str, usage) -> None:
+    """The worker's report of the computer's dataset cache after it ensured this job's inputs."""
+    if not isinstance(usage, dict):
+        raise ServiceError("usage is the object the dataset cache answered.", "invalid_usage",
+                           fields={"usage": ["An object."]})
+    numbers = {k: usage.get(k) for k in ("used_bytes", "limit_bytes", "complete_count", "pinned_count")}
+    if not all(isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 2 ** 63 for v in numbers.values()):
+        raise ServiceError("usage needs used_bytes, limit_bytes, complete_count and pinned_count as whole numbers "
+                           "from 0.", "invalid_usage", fields={"usage": ["Numbers missing."]})
+    DatasetCacheReport.objects.update_or_create(target_id=job.target_id, defaults={
+        "used_bytes": numbers["used_bytes"], "limit_bytes": numbers["limit_bytes"],
+        "version_count": numbers["complete_count"], "pinned_count": numbers["pinned_count"],
+        "worker_id": str(worker_id or "")[:64], "job": job, "reported_at": timezone.now()})

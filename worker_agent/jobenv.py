@@ -12,6 +12,7 @@ reach a job. Neither token is ever put into an argv: see `runtimes.py`, which ha
 the supervisor in `spec.json` (mode 600) and to Docker in an env file (mode 600)."""
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 PASSTHROUGH = ("PATH", "HOME", "LANG", "LC_ALL", "LD_LIBRARY_PATH", "TMPDIR")
@@ -22,6 +23,7 @@ RESERVED_PREFIXES = ("MMT_", "MLFLOW_", "CUDA_", "NVIDIA_")
 MLFLOW_PATH = "/mlflow"
 
 CONTAINER_ROOT = "/mmt"
+DATASET_CACHE = ".mmt-cache/datasets"  # under the working directory; worker_agent/dataset_cache.py
 
 
 @dataclass(frozen=True)
@@ -35,6 +37,10 @@ class Locations:
     @property
     def parameters_file(self) -> str:
         return f"{self.inputs_dir}/parameters.json"
+
+    @property
+    def datasets_file(self) -> str:
+        return f"{self.inputs_dir}/datasets.json"
 
     @property
     def result_file(self) -> str:
@@ -87,8 +93,37 @@ def job_environment(job: dict, locations: Locations, *, docker: bool = False) ->
         "MMT_RESULT_FILE": locations.result_file,
         "PYTHONUNBUFFERED": "1",
     })
+    if job.get("input_datasets"):
+        container = locations.inputs_dir.startswith(CONTAINER_ROOT + "/")
+        env["MMT_INPUT_DATASET_DIRS"] = json.dumps(dataset_dirs(job, container=container), sort_keys=True)
+        env["MMT_DATASET_VERSIONS_FILE"] = locations.datasets_file
     env.update(gpu_variables(list(job.get("gpu_ids") or []), docker=docker))
     return env
+
+
+def cached_data_dir(working_dir: str, digest: str) -> str:
+    """A complete version's files in the computer's dataset cache (read-only)."""
+    return f"{working_dir.rstrip('/')}/{DATASET_CACHE}/{str(digest).removeprefix('sha256:')}/data"
+
+
+def container_dataset_dir(version_id) -> str:
+    return f"{CONTAINER_ROOT}/datasets/{version_id}"
+
+
+def dataset_dirs(job: dict, *, container: bool) -> dict[str, str]:
+    """`MMT_INPUT_DATASET_DIRS`: version id → its directory, as the job sees it."""
+    working_dir = str((job.get("computer") or {}).get("working_dir") or "")
+    return {str(v["id"]): container_dataset_dir(v["id"]) if container else cached_data_dir(working_dir, v["digest"])
+            for v in job.get("input_datasets") or []}
+
+
+def dataset_versions_file(job: dict, *, container: bool) -> str:
+    """The content of `MMT_DATASET_VERSIONS_FILE`: what each input version is, and where."""
+    dirs = dataset_dirs(job, container=container)
+    items = [{"id": v["id"], "dataset": v.get("dataset"), "number": v.get("number"), "digest": v["digest"],
+              "file_count": v.get("file_count"), "total_size": v.get("total_size"), "dir": dirs[str(v["id"])]}
+             for v in job.get("input_datasets") or []]
+    return json.dumps({"items": items}, indent=1, sort_keys=True) + "\n"
 
 
 def secret_values(job: dict) -> list[str]:

@@ -12,7 +12,7 @@ where it was, and nothing runs twice):
 1. `claimed`: the record (lease, job token) is journaled before anything touches the target. The
    supervisor is asked for the job's state: a job already started is re-attached, never started again.
 2. start: the target's facts and `runtimes.build_spec`, the source fetched into `<job_dir>/source`,
-   then `supervisor.Remote.start` (idempotent). A refused runtime, source or spec ends the job
+   the input dataset versions put into the computer's cache (`dataset_transfer`), then `supervisor.Remote.start` (idempotent). A refused runtime, source or spec ends the job
    `failed` with end reason `start_failed`. Heartbeats go every 5 s on their own thread from the
    claim on (`status: running` once the supervisor runs the job); `cancel_requested` in an answer
    makes the supervisor stop the job (SIGTERM, SIGKILL after the grace).
@@ -46,6 +46,7 @@ import time
 from collections import deque
 from datetime import UTC, datetime
 
+from worker_agent import dataset_transfer
 from worker_agent.api import ApiClient, ApiError, ApiUnavailable, Backoff, FatalApiError
 from worker_agent.config import WorkerConfig
 from worker_agent.journal import JobJournal
@@ -347,6 +348,8 @@ class JobRunner:
             spec = self.spec()
             if self.job.get("source"):
                 self.fetch_source()
+            if self.job.get("input_datasets"):
+                self.ensure_inputs()
             with self._lock:
                 if self.cancel_requested:
                     self.save(completion={"status": "canceled", "end_reason": "canceled"})
@@ -385,6 +388,24 @@ class JobRunner:
         self._beat.set()  # the first heartbeat with status running, now
         if cancel:
             self.begin_cancel()
+
+    def ensure_inputs(self) -> None:
+        """The job's input dataset versions into the computer's cache before the supervisor starts
+        (worker_agent.dataset_transfer); a version that cannot be delivered fails the start."""
+        def ensure(connection):
+            return dataset_transfer.ensure_inputs(connection, self.api, self.job, worker_id=self.config.worker_id,
+                                                  lease=self.lease, python=self.python, working_dir=self.working_dir)
+
+        try:
+            answers = self.on_target(ensure, "delivering the input datasets")
+        except dataset_transfer.DatasetError as exc:
+            try:  # its pins would keep those versions from eviction for hours
+                dataset_transfer.release(self.connection(), self.id, python=self.python, working_dir=self.working_dir)
+            except Exception as error:
+                log.info("job %s: its dataset cache pins stay until they lapse (%s)", self.id, error)
+            raise StartFailed(exc.message) from None
+        if answers:
+            dataset_transfer.report_usage(self.api, self.job, self.config.worker_id, self.lease, answers[-1]["usage"])
 
     def fetch_source(self) -> None:
         source = self.job["source"]

@@ -9,7 +9,8 @@ environment dicts, files to write), so every runtime is checked by exact equalit
   is put in front of PATH.
 - docker: `docker container create --pull never --name mmt-job-<id> --restart no --init --network host
   --user <uid>:<gid> --env-file <workspace>/container.env --label mado.job=<id> --label mado.lease=<h>`
-  with read-only bind mounts of /mmt/inputs and /mmt/source, a writable /mmt/outputs, and
+  with read-only bind mounts of /mmt/inputs, /mmt/source and each input dataset version's cache
+  directory at /mmt/datasets/<versionId>, a writable /mmt/outputs, and
   `--gpus "device=<ids>"` only with reserved GPUs; then `docker start -a`. The environment of the job
   lives only in container.env (mode 600).
 - apptainer / singularity: first the capability check (`<bin> exec --help` lists every required flag,
@@ -197,6 +198,9 @@ def build_spec(job: dict, facts: TargetFacts, *, grace_seconds: float = DEFAULT_
         "files": [{"path": "inputs/parameters.json", "content": parameters, "mode": 0o600}],
         "secrets": jobenv.secret_values(job),
     }
+    if job.get("input_datasets"):
+        spec["files"].append({"path": "inputs/datasets.json", "mode": 0o600, "content": jobenv.dataset_versions_file(
+            job, container=runtime in ("docker", *CONTAINER_RUNTIMES))})
     if runtime == "python":
         spec.update(_python(job, computer, working_dir, command, host, has_source))
     elif runtime == "docker":
@@ -226,11 +230,16 @@ def _python(job, computer, working_dir, command, host, has_source) -> dict:
     }
 
 
-def _mounts(job_dir: str, has_source: bool) -> list[tuple[str, str, bool]]:
-    """(host path, container path, read-only) of every bind mount."""
+def _mounts(job: dict, job_dir: str, has_source: bool) -> list[tuple[str, str, bool]]:
+    """(host path, container path, read-only) of every bind mount: the input dataset versions from
+    the computer's cache appear read-only at /mmt/datasets/<versionId>."""
     inside = jobenv.container_locations()
     host = jobenv.host_locations(job_dir)
     mounts = [(host.inputs_dir, inside.inputs_dir, True)]
+    working_dir = str((job.get("computer") or {}).get("working_dir") or "")
+    for version in job.get("input_datasets") or []:
+        mounts.append((jobenv.cached_data_dir(working_dir, version["digest"]),
+                       jobenv.container_dataset_dir(version["id"]), True))
     if has_source:
         mounts.append((host.source_dir, inside.source_dir, True))
     mounts.append((host.outputs_dir, inside.outputs_dir, False))
@@ -253,7 +262,7 @@ def _docker(job, facts, job_dir, command, gpu_ids, has_source) -> dict:
     create = ["docker", "container", "create", "--pull", "never", "--name", name, "--restart", "no", "--init",
               "--network", "host", "--user", f"{facts.uid}:{facts.gid}", "--env-file", f"{job_dir}/container.env",
               "--label", f"mado.job={job_id}", "--label", f"mado.lease={lease_hash(job['lease_id'])}"]
-    for src, dst, readonly in _mounts(job_dir, has_source):
+    for src, dst, readonly in _mounts(job, job_dir, has_source):
         create += ["--mount", f"type=bind,src={src},dst={dst}" + (",readonly" if readonly else "")]
     if gpu_ids:
         create += ["--gpus", f'"device={",".join(gpu_ids)}"']
@@ -279,7 +288,7 @@ def _apptainer(job, facts, runtime, working_dir, job_dir, command, gpu_ids, has_
     env = {prefix + k: v for k, v in jobenv.job_environment(job, inside).items()}
     env.update(jobenv.gpu_variables(gpu_ids, docker=False))
     argv = [runtime, "exec", "--cleanenv", "--containall", "--no-eval", "--no-home", "--no-mount", NO_MOUNT]
-    for src, dst, readonly in _mounts(job_dir, has_source):
+    for src, dst, readonly in _mounts(job, job_dir, has_source):
         argv += ["--bind", f"{src}:{dst}" + (":ro" if readonly else ":rw")]
     if gpu_ids:
         argv.append("--nv")

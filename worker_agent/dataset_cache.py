@@ -1,0 +1,483 @@
+"""The dataset cache on a target: a standard-library program the worker runs there (`python3 -I -c
+<this file> <command> <cache_root>`), never imported by the worker. REFERENCE §6, seed 002.
+
+Layout under `<working_dir>/.mmt-cache/datasets/` (the root):
+
+    .lock               flock held briefly while pins, usage and eviction change
+    <hex>.lock          flock held while one version is fetched: concurrent jobs fetch it once
+    <hex>/users/<job>   pins: a job that uses the version (lapses when the job's state.json is terminal)
+    <hex>/partial/      the files while they arrive
+    <hex>/data/         the version's files, read-only once complete
+    <hex>/files.json    the manifest [{path, sha256, size}]
+    <hex>/complete.json written last: the entry counts only once this exists
+    <hex>/last-used     its mtime orders eviction (least recently used first)
+
+Commands (one JSON object per stdout line; the last line is the answer):
+
+    ensure <root>   stdin: one JSON line {job_id, limit_bytes, version: {id, digest, total_size,
+                    file_count}, mode: relay|direct, [api_url, token, manifest_url, files_url]}.
+                    Pins the version for the job, waits for another fetch of it, and answers
+                    {"state": "have"} (complete already) or {"state": "send"} (relay: the worker then
+                    writes the manifest as one JSON line and the files as one uncompressed tar on stdin).
+                    Direct mode downloads every file itself with the job token: Range resume, retries
+                    after 2 s and 4 s; 404 and digest mismatch fail at once. Every file's sha256 and the
+                    manifest's digest are checked before complete.json is written.
+    usage <root>    {limit_bytes?, used_bytes, entries: [...]}
+    release <root> <job_id>   drop the job's pins (a job that never started)
+
+A failure answers {"ok": false, "code", "error"} with a sentence that says what to do."""
+import fcntl
+import hashlib
+import http.client
+import json
+import os
+import shutil
+import stat
+import sys
+import tarfile
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+
+TERMINAL = ("exited", "canceled", "timed_out", "failed_to_start")
+PREPARING_SECONDS = 6 * 3600  # a pin of a job whose supervisor has not started yet counts this long
+RETRY_DELAYS = (2.0, 4.0)
+BLOCK = 1 << 20
+GIB = 1 << 30
+
+
+class Failed(Exception):
+    def __init__(self, code, message):
+        super().__init__(message)
+        self.code, self.message = code, message
+
+
+def say(**kw):
+    sys.stdout.write(json.dumps(kw) + "\n")
+    sys.stdout.flush()
+
+
+def gib(n):
+    for unit, size in (("GiB", GIB), ("MiB", 1 << 20)):
+        if n >= size:
+            return f"{n / size:.1f}".removesuffix(".0") + f" {unit}"
+    return f"{n / 1024:.1f}".removesuffix(".0") + " KiB"
+
+
+def read_json(path):
+    try:
+        with open(path, "rb") as f:
+            return json.loads(f.read().decode("utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def write_json(path, value, mode=0o644):
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(value, f, sort_keys=True)
+        f.flush()
+        os.fsync(f.fileno())
+    os.chmod(tmp, mode)
+    os.replace(tmp, path)
+
+
+class Lock:
+    def __init__(self, path, blocking=True):
+        self.path, self.blocking, self.fd = path, blocking, None
+
+    def __enter__(self):
+        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX | (0 if self.blocking else fcntl.LOCK_NB))
+        except BlockingIOError:
+            os.close(self.fd)
+            self.fd = None
+        return self.fd is not None
+
+    def __exit__(self, *exc):
+        if self.fd is not None:
+            os.close(self.fd)  # closing releases the flock
+
+
+# -- paths and manifests --------------------------------------------------------------------------
+
+def digest_key(digest):
+    hexpart = str(digest or "").removeprefix("sha256:")
+    if len(hexpart) != 64 or any(c not in "0123456789abcdef" for c in hexpart):
+        raise Failed("bad_digest", f"The version digest {digest!r} is not sha256:<64 hex digits>.")
+    return hexpart
+
+
+def manifest_digest(items):
+    lines = "".join(f"{i['sha256']} {i['size']} {i['path']}\n" for i in sorted(items, key=lambda i: i["path"]))
+    return "sha256:" + hashlib.sha256(lines.encode("utf-8")).hexdigest()
+
+
+def safe_path(path):
+    parts = path.split("/") if isinstance(path, str) else []
+    if not parts or path.startswith("/") or any(p in ("", ".", "..") for p in parts) or "\0" in path:
+        raise Failed("unsafe_path", f"The manifest names the unsafe path {path!r}.")
+    return parts
+
+
+def check_manifest(items, version):
+    if not isinstance(items, list) or manifest_digest(items) != version["digest"]:
+        raise Failed("digest_mismatch", f"The manifest of input dataset version {version['id']} does not match its "
+                                        f"digest {version['digest']}: it was changed in transit. Run the job again.")
+    for item in items:
+        safe_path(item["path"])
+    return sorted(items, key=lambda i: i["path"])
+
+
+def working_dir_of(root):
+    return os.path.dirname(os.path.dirname(root.rstrip("/")))
+
+
+# -- pins, usage and eviction ---------------------------------------------------------------------
+
+def pin_live(root, pin):
+    job = os.path.basename(pin)
+    state = read_json(os.path.join(working_dir_of(root), ".mmt", "jobs", job, "state.json"))
+    if state is None:
+        try:
+            return time.time() - os.stat(pin).st_mtime < PREPARING_SECONDS
+        except OSError:
+            return False
+    return state.get("status") not in TERMINAL
+
+
+def live_pins(root, key):
+    users = os.path.join(root, key, "users")
+    live = []
+    for name in sorted(os.listdir(users)) if os.path.isdir(users) else []:
+        pin = os.path.join(users, name)
+        if pin_live(root, pin):
+            live.append(name)
+        else:
+            try:
+                os.unlink(pin)  # the job is terminal: its pin lapses
+            except OSError:
+                pass
+    return live
+
+
+def entries(root):
+    found = []
+    for name in sorted(os.listdir(root)):
+        path = os.path.join(root, name)
+        if len(name) != 64 or not os.path.isdir(path):
+            continue
+        complete = read_json(os.path.join(path, "complete.json"))
+        try:
+            used = os.stat(os.path.join(path, "last-used")).st_mtime
+        except OSError:
+            used = 0.0
+        found.append({"key": name, "complete": complete is not None,
+                      "size": int((complete or read_json(os.path.join(path, "reserved.json")) or {}).get(
+                          "total_size", 0)),
+                      "version_id": (complete or {}).get("version_id"), "last_used": used,
+                      "pinned_by": live_pins(root, name)})
+    return found
+
+
+def fetching(root, key):
+    with Lock(os.path.join(root, key + ".lock"), blocking=False) as free:
+        return not free
+
+
+def remove_entry(path):
+    for dirpath, dirnames, _ in os.walk(path):
+        os.chmod(dirpath, 0o700)
+        for d in dirnames:
+            full = os.path.join(dirpath, d)
+            if not os.path.islink(full):
+                os.chmod(full, 0o700)
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def usage(root, limit=None):
+    found = entries(root) if os.path.isdir(root) else []
+    counted = [e for e in found if e["complete"] or fetching(root, e["key"])]
+    out = {"used_bytes": sum(e["size"] for e in counted), "entries": found,
+           "complete_count": sum(1 for e in found if e["complete"]),
+           "pinned_count": sum(1 for e in found if e["pinned_by"])}
+    if limit is not None:
+        out["limit_bytes"] = limit
+    return out
+
+
+def make_room(root, key, need, limit):
+    """Evict least recently used entries nobody uses until `need` more bytes fit under `limit`.
+    Called with the root lock held and the entry's own fetch lock held."""
+    found = [e for e in entries(root) if e["key"] != key]
+    for e in found:  # abandoned fetches (nobody holds their lock, no live job) are garbage
+        if not e["complete"] and not e["pinned_by"] and not fetching(root, e["key"]):
+            remove_entry(os.path.join(root, e["key"]))
+    found = [e for e in found if os.path.isdir(os.path.join(root, e["key"]))]
+    counted = [e for e in found if e["complete"] or fetching(root, e["key"])]
+    used = sum(e["size"] for e in counted)
+    evicted = []
+    for e in sorted((e for e in counted if e["complete"] and not e["pinned_by"]), key=lambda e: e["last_used"]):
+        if used + need <= limit:
+            break
+        remove_entry(os.path.join(root, e["key"]))
+        used -= e["size"]
+        evicted.append(e["key"])
+    if used + need > limit:
+        raise Failed("cache_full", f"The dataset cache limit of this computer is {gib(limit)}; versions in use by other "
+                                   f"queued or running jobs hold {gib(used)}, so {gib(need)} more does not fit. Wait "
+                                   "for those jobs to end, or raise the computer's dataset cache limit.")
+    return evicted
+
+
+# -- receiving files ------------------------------------------------------------------------------
+
+def fresh_partial(entry):
+    partial = os.path.join(entry, "partial")
+    if os.path.isdir(partial):
+        remove_entry(partial)
+    os.makedirs(partial, 0o700)
+    return partial
+
+
+def open_target(partial, path, append=False):
+    parts = safe_path(path)
+    directory = os.path.join(partial, *parts[:-1])
+    os.makedirs(directory, 0o755, exist_ok=True)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | (os.O_APPEND if append else os.O_TRUNC)
+    return open(os.open(os.path.join(directory, parts[-1]), flags, 0o644), "ab" if append else "wb")
+
+
+def mismatch(version, path):
+    return Failed("digest_mismatch", f"{path} of input dataset version {version['id']} does not match its sha256: "
+                                     "bytes were corrupted in transit. Nothing was kept; run the job again.")
+
+
+def receive_tar(stream, partial, items, version):
+    """The relay tar on `stream`: exactly the manifest's files, each checked against its sha256."""
+    expected = {i["path"]: i for i in items}
+    seen = set()
+    counter = Counting(stream)
+    try:
+        with tarfile.open(fileobj=counter, mode="r|") as archive:
+            for member in archive:
+                if member.isdir():
+                    continue
+                item = expected.get(member.name)
+                if item is None or not member.isfile() or member.name in seen or member.size != item["size"]:
+                    raise Failed("unexpected_member", f"The relayed archive holds {member.name!r}, which is not a "
+                                                      "file of the version's manifest.")
+                seen.add(member.name)
+                source = archive.extractfile(member)
+                digest = hashlib.sha256()
+                with open_target(partial, member.name) as out:
+                    for block in iter(lambda: source.read(BLOCK), b""):
+                        digest.update(block)
+                        out.write(block)
+                if digest.hexdigest() != item["sha256"]:
+                    raise mismatch(version, member.name)
+    except (tarfile.TarError, EOFError) as exc:
+        raise Failed("relay_broken", f"The relayed archive ended early or is damaged ({exc}); run the job again.") \
+            from None
+    missing = sorted(set(expected) - seen)
+    if missing:
+        raise Failed("relay_broken", f"The relayed archive lacks {len(missing)} file(s) of the version, "
+                                     f"such as {missing[0]}; run the job again.")
+    return counter.count
+
+
+class Counting:
+    def __init__(self, stream):
+        self.stream, self.count = stream, 0
+
+    def read(self, n=-1):
+        data = self.stream.read(n)
+        self.count += len(data)
+        return data
+
+
+def request(url, token, offset=0):
+    headers = {"Authorization": f"Bearer {token}", "User-Agent": "mado-dataset-cache"}
+    if offset:
+        headers["Range"] = f"bytes={offset}-"
+    return urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=60)
+
+
+def http_failure(exc, what):
+    if isinstance(exc, urllib.error.HTTPError):
+        if exc.code == 404:
+            return Failed("not_found", f"The server answered 404 for {what}: the version or the file is gone. "
+                                       "Choose an existing dataset version for the job.")
+        if exc.code in (401, 403):
+            return Failed("not_allowed", f"The server refused the job token for {what} ({exc.code}); the job may "
+                                         "have ended or its creator may have lost access to the project.")
+        if exc.code < 500 and exc.code not in (408, 429):
+            return Failed("http_error", f"The server answered {exc.code} for {what}.")
+    return None
+
+
+def with_retries(action, what):
+    """`action()` with retries after 2 s and 4 s on network trouble and 5xx; 4xx fail at once."""
+    for attempt in range(len(RETRY_DELAYS) + 1):
+        try:
+            return action()
+        except (OSError, http.client.HTTPException) as exc:
+            fatal = http_failure(exc, what)
+            if fatal is not None:
+                raise fatal from None
+            if attempt == len(RETRY_DELAYS):
+                raise Failed("download_failed", f"Downloading {what} failed {attempt + 1} times ({exc}); check "
+                                                "that the computer reaches the API server, or use relay "
+                                                "transfer.") from None
+            say(state="retrying", what=what, error=str(exc), delay=RETRY_DELAYS[attempt])
+            time.sleep(RETRY_DELAYS[attempt])
+
+
+def download(header, partial, version):
+    """Direct mode: the manifest, then each file with Range resume; returns the bytes downloaded."""
+    base = header["api_url"].rstrip("/")
+    token = header["token"]
+
+    def manifest():
+        with request(base + header["manifest_url"], token) as answer:
+            return json.loads(answer.read().decode("utf-8"))
+
+    items = check_manifest(with_retries(manifest, "the manifest")["items"], version)
+    moved = 0
+    for item in items:
+        url = base + header["files_url"] + urllib.parse.quote(item["path"], safe="/")
+        digest = hashlib.sha256()
+        state = {"have": 0}
+
+        def fetch(item=item, url=url, digest=digest, state=state):
+            nonlocal moved
+            with request(url, token, state["have"]) as answer:
+                if state["have"] and answer.status != 206:
+                    raise Failed("http_error", f"The server ignored the Range request for {item['path']}.")
+                with open_target(partial, item["path"], append=state["have"] > 0) as out:
+                    for block in iter(lambda: answer.read(BLOCK), b""):
+                        if state["have"] + len(block) > item["size"]:
+                            raise mismatch(version, item["path"])
+                        digest.update(block)
+                        out.write(block)
+                        state["have"] += len(block)
+                        moved += len(block)
+            if state["have"] != item["size"]:
+                raise ConnectionError(f"{item['path']} ended after {state['have']} of {item['size']} bytes")
+
+        with_retries(fetch, item["path"])
+        if digest.hexdigest() != item["sha256"]:
+            raise mismatch(version, item["path"])
+    return items, moved
+
+
+def seal(entry, items, version, moved):
+    """Make the partial files the entry's read-only data; complete.json last."""
+    partial, data = os.path.join(entry, "partial"), os.path.join(entry, "data")
+    write_json(os.path.join(entry, "files.json"), items, 0o444)
+    for dirpath, dirnames, filenames in os.walk(partial, topdown=False):
+        for name in filenames:
+            os.chmod(os.path.join(dirpath, name), 0o444)
+        os.chmod(dirpath, 0o555)
+    os.rename(partial, data)
+    write_json(os.path.join(entry, "complete.json"),
+               {"version_id": version["id"], "digest": version["digest"], "total_size": version["total_size"],
+                "file_count": len(items), "completed_at": time.time(), "received_bytes": moved}, 0o444)
+
+
+def touch(entry):
+    with open(os.path.join(entry, "last-used"), "w") as f:
+        f.write(f"{time.time()}\n")
+
+
+# -- commands -------------------------------------------------------------------------------------
+
+def ensure(root, stdin):
+    header = json.loads(stdin.readline().decode("utf-8"))
+    version, limit, job = header["version"], int(header["limit_bytes"]), str(int(header["job_id"]))
+    key = digest_key(version["digest"])
+    size = int(version["total_size"])
+    if size > limit:
+        raise Failed("larger_than_cache", f"Input dataset version {version['id']} is {gib(size)}, larger than this "
+                                          f"computer's dataset cache limit of {gib(limit)}. Raise the limit in the "
+                                          "computer's settings.")
+    os.makedirs(root, 0o700, exist_ok=True)
+    entry = os.path.join(root, key)
+    with Lock(os.path.join(root, ".lock")):
+        os.makedirs(os.path.join(entry, "users"), 0o700, exist_ok=True)
+        write_json(os.path.join(entry, "users", job), {"job_id": job, "pinned_at": time.time()})
+    with Lock(os.path.join(root, key + ".lock")):
+        if os.path.exists(os.path.join(entry, "complete.json")):
+            touch(entry)
+            say(state="have")
+            return {"ok": True, "fetched": False, "received_bytes": 0, "path": os.path.join(entry, "data"),
+                    "usage": usage(root, limit)}
+        with Lock(os.path.join(root, ".lock")):
+            evicted = make_room(root, key, size, limit)
+            write_json(os.path.join(entry, "reserved.json"), {"total_size": size})
+        partial = fresh_partial(entry)
+        try:
+            if header.get("mode") == "direct":
+                say(state="fetching")
+                items, moved = download(header, partial, version)
+            else:
+                say(state="send")
+                items = check_manifest(json.loads(stdin.readline().decode("utf-8") or "null"), version)
+                moved = receive_tar(stdin, partial, items, version)
+            seal(entry, items, version, moved)
+        except BaseException:
+            # Nothing half-received is kept, and this job no longer holds the entry.
+            remove_entry(partial)
+            for name in ("reserved.json", os.path.join("users", job)):
+                try:
+                    os.unlink(os.path.join(entry, name))
+                except OSError:
+                    pass
+            raise
+        touch(entry)
+        return {"ok": True, "fetched": True, "received_bytes": moved, "evicted": evicted,
+                "path": os.path.join(entry, "data"), "usage": usage(root, limit)}
+
+
+def release(root, job):
+    job = str(int(job))
+    with Lock(os.path.join(root, ".lock")):
+        for name in os.listdir(root):
+            pin = os.path.join(root, name, "users", job)
+            if os.path.lexists(pin):
+                os.unlink(pin)
+    return {"ok": True}
+
+
+def main(args, stdin=None):
+    stdin = stdin or sys.stdin.buffer
+    if len(args) < 2 or args[0] not in ("ensure", "usage", "release"):
+        print("usage: dataset_cache.py ensure|usage|release <root> [job_id]", file=sys.stderr)
+        return 2
+    command, root = args[0], os.path.abspath(args[1])
+    try:
+        st = os.lstat(root) if os.path.lexists(root) else None
+        if st is not None and (stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode)):
+            raise Failed("bad_cache", f"{root} is a symbolic link or not a directory; remove it.")
+        if command == "ensure":
+            result = ensure(root, stdin)
+        elif command == "usage":
+            result = dict(usage(root), ok=True)
+        else:
+            result = release(root, args[2]) if os.path.isdir(root) else {"ok": True}
+    except Failed as exc:
+        result = {"ok": False, "code": exc.code, "error": exc.message}
+    except (KeyError, ValueError, TypeError, AttributeError) as exc:
+        result = {"ok": False, "code": "bad_request", "error": f"The worker sent an unreadable request ({exc!r}); "
+                                                               "update the worker."}
+    except OSError as exc:
+        result = {"ok": False, "code": "cache_error", "error": f"The dataset cache could not be written: {exc}. Check "
+                                                               "the working directory's space and permissions."}
+    say(**result)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
