@@ -1,10 +1,14 @@
 """HTML routes of Computers under Global settings; included at the root by mado/urls.py."""
 from django.urls import path
 
-from computers import views
+from computers import group_views, views
 
 urlpatterns = [
     path("settings/computers/", views.computer_list, name="computers"),
+    path("settings/computers/groups/", group_views.group_list, name="compute-groups"),
+    path("settings/computers/groups/new", group_views.group_edit, name="compute-group-add"),
+    path("settings/computers/groups/<int:pk>/edit", group_views.group_edit, name="compute-group-edit"),
+    path("settings/computers/groups/<int:pk>/delete", group_views.group_delete, name="compute-group-delete"),
     path("settings/computers/new", views.computer_add, name="computer-add"),
     path("settings/computers/worker-candidates", views.worker_candidates, name="computer-worker-candidates"),
     path("settings/computers/<int:pk>/", views.computer_detail, name="computer-detail"),
