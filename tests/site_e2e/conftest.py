@@ -37,6 +37,34 @@ SLURM_PREFIX = 'export SLURM_CONF="$MMT_VAR_SLURM_CONF"  # this cluster\'s confi
 GRIDENGINE_PREFIX = 'export SGE_ROOT="$MMT_VAR_SGE_ROOT" SGE_CELL="$MMT_VAR_SGE_CELL"  # this cell\n'
 
 
+# Numbered lines, then a metric through result.json.
+NUMBERED = '''\
+import json, os, time
+time.sleep(1)
+for i in range(1, {lines} + 1):
+    print(f"line {{i:03d}} of job {{os.environ['MMT_JOB_ID']}}", flush=True)
+    time.sleep(0.01)
+with open(os.environ["MMT_RESULT_FILE"], "w") as f:
+    json.dump({{"version": 1, "complete": True, "metrics": [{{"name": "loss", "value": 0.25, "step": 1}}]}}, f)
+'''
+
+# A numbered line every 0.2 s for five minutes.
+TICKER = '''\
+import time
+for i in range(1500):
+    print(f"tick {i}", flush=True)
+    time.sleep(0.2)
+'''
+
+
+def numbered(lines: int) -> str:
+    return NUMBERED.format(lines=lines)
+
+
+def expected_lines(job, lines: int) -> str:
+    return "".join(f"line {i:03d} of job {job.pk}\n" for i in range(1, lines + 1))
+
+
 def slurm_job_shell() -> str:
     return SLURM_PREFIX + shells.builtin_template("slurm")
 
@@ -70,11 +98,12 @@ class Site:
     """One automatic site on the live server served by an in-process launcher, its Jobs, and what the
     scheduler and the server made of them."""
 
-    def __init__(self, world, url: str, target, agent, work_dir: Path):
+    def __init__(self, world, url: str, target, agent, work_dir: Path, launcher_token: str = ""):
         self.world = world
         self.url = url
         self.target = target
         self.agent = agent
+        self.launcher_token = launcher_token
         self.work_dir = work_dir
         self.jobs: list[int] = []
 
@@ -147,7 +176,8 @@ def make_site(world, launcher_row, sshd, work_dir: Path, url: str, *, job_shell:
     return site_services.create_site(Actor(world.project_admin), data)
 
 
-def open_site(world, url, registered, sshd, tmp_path, work_dir, *, job_shell, variables, **overrides) -> Site:  # noqa: F811
+def open_site(world, url, registered, sshd, tmp_path, work_dir, *, job_shell, variables,  # noqa: F811
+              **overrides) -> Site:
     """The site, its launcher's first round (its key published), and that key authorized on the login node."""
     target = make_site(world, registered[0], sshd, work_dir, url, job_shell=job_shell, variables=variables,
                        **overrides)
@@ -156,7 +186,7 @@ def open_site(world, url, registered, sshd, tmp_path, work_dir, *, job_shell, va
     agent = launcher_for(url, registered[1], state)
     agent.round(wait=0)
     authorize(sshd, LauncherKey.objects.get(target=target).public_key)
-    return Site(world, url, target, agent, work_dir)
+    return Site(world, url, target, agent, work_dir, registered[1])
 
 
 def settle(site: Site, cancel, in_queue, timeout: float = 60) -> None:
@@ -176,7 +206,8 @@ def settle(site: Site, cancel, in_queue, timeout: float = 60) -> None:
         wait_for(lambda: Job.objects.get(pk=job_id).status in TERMINAL_STATUSES, timeout=30,  # noqa: B023
                  what=f"the runner of Job {job_id} to report its end")
     site.kill_leftovers()
-    site.agent.close()
+    if site.agent is not None:
+        site.agent.close()
     wait_for(lambda: not other_sessions(), timeout=20, interval=0.1, what="the live server's database sessions")
 
 

@@ -7,43 +7,20 @@ cancel_requested), the scheduler's SIGTERM before a short time limit, an array o
 flow on a manual site with `mado-tracking submit` run as a program. See conftest.py."""
 from __future__ import annotations
 
+import os
 import re
 import socket
+import sys
+from pathlib import Path
 
 from jobs.models import JobEvent, Metric
 from jobs.services import request_stop
-from mado.services import Actor
+from mado.services import Actor, issue_personal_token
+from sites import services as site_services
 from sites.models import Submission
 from tests.conftest import bearer
+from tests.site_e2e.conftest import TICKER, Site, expected_lines, numbered, run_cli
 from tests.support import wait_for
-
-# Numbered lines, then a metric through result.json.
-NUMBERED = '''\
-import json, os, time
-time.sleep(1)
-for i in range(1, {lines} + 1):
-    print(f"line {{i:03d}} of job {{os.environ['MMT_JOB_ID']}}", flush=True)
-    time.sleep(0.01)
-with open(os.environ["MMT_RESULT_FILE"], "w") as f:
-    json.dump({{"version": 1, "complete": True, "metrics": [{{"name": "loss", "value": 0.25, "step": 1}}]}}, f)
-'''
-
-# A numbered line every 0.2 s for five minutes.
-TICKER = '''\
-import time
-for i in range(1500):
-    print(f"tick {i}", flush=True)
-    time.sleep(0.2)
-'''
-
-
-def numbered(lines: int) -> str:
-    return NUMBERED.format(lines=lines)
-
-
-def expected_lines(job, lines: int) -> str:
-    return "".join(f"line {i:03d} of job {job.pk}\n" for i in range(1, lines + 1))
-
 
 def ticks(text: str) -> list[int]:
     return [int(line.split()[1]) for line in text.splitlines() if line.startswith("tick ")]
@@ -155,7 +132,13 @@ def test_a_walltime_shorter_than_the_job_ends_it_timed_out_with_its_logs(slurm_s
 def test_three_jobs_alike_go_as_one_slurm_array_and_each_finishes_with_its_own_logs(slurm_site, slurm):
     site = slurm_site
     jobs = [site.job(numbered(30), walltime_seconds=600) for _ in range(3)]
-    site.round()
+    # This time the launcher is the program an operator runs, for one round, with the same state directory.
+    env = {"PATH": os.environ["PATH"], "HOME": str(site.agent.state_dir.parent), "LANG": "C.UTF-8",
+           "MMT_API_URL": site.url, "MMT_API_TOKEN": site.launcher_token,
+           "MMT_LAUNCHER_STATE_DIR": str(site.agent.state_dir), "MMT_LAUNCHER_LONG_POLL": "0"}
+    ran = run_cli([str(Path(sys.executable).parent / "mado-tracking-launcher"), "run", "--once"], env)
+    assert ran.returncode == 0, ran.stderr
+    assert site.launcher_token not in ran.stdout + ran.stderr and "mmtj_" not in ran.stdout + ran.stderr
     rows = [site.submission(job) for job in jobs]
     slurm_id = rows[0].scheduler_job_id
     assert [(r.status, r.scheduler_job_id, r.array_index) for r in rows] == \
@@ -172,3 +155,47 @@ def test_three_jobs_alike_go_as_one_slurm_array_and_each_finishes_with_its_own_l
         assert Metric.objects.filter(job=job).count() == 1
     wait_for(lambda: not slurm.queue(slurm_id), timeout=30, what="the array to leave the queue")
     assert Submission.objects.filter(job__in=jobs, runner_started_at__isnull=False).count() == 3
+
+
+def test_a_manual_site_job_goes_through_mado_tracking_submit_and_slurm_to_finished(server, world, slurm, tmp_path):
+    """`mado-tracking submit` run as a program on this machine as the site's login node: the requester's
+    personal token (read + jobs:write), SLURM_CONF in the environment as a login shell has it, the
+    built-in Slurm job shell run here, and the batch job's runner reporting to the live server."""
+    work = tmp_path / "work"
+    target = site_services.create_site(Actor(world.project_admin), {
+        "name": "manual-cluster", "submission": "manual", "account": "shared", "working_dir": str(work),
+        "runner_python": "/usr/bin/python3", "runner_api_url": server, "variables": "PARTITION=debug",
+        "template": "slurm", "visibility": "public"})
+    site = Site(world, server, target, None, work)
+    job = site.job(numbered(50), walltime_seconds=600)
+    assert job.status == "waiting_manual"
+    _, token = issue_personal_token(Actor(world.project_admin), world.project, scopes=["read", "jobs:write"])
+    home = tmp_path / "home"
+    home.mkdir()
+    env = {"PATH": os.environ["PATH"], "HOME": str(home), "LANG": "C.UTF-8", "MMT_API_URL": server,
+           "MMT_API_TOKEN": token, "SLURM_CONF": str(slurm.conf)}
+    try:
+        result = run_cli([str(Path(sys.executable).parent / "mado-tracking"), "submit", "--site", str(target.pk)],
+                         env)
+        assert result.returncode == 0, result.stdout + result.stderr
+        row = site.submission(job)
+        slurm_id = row.scheduler_job_id
+        assert (row.status, row.submitted_by_id) == ("submitted", world.project_admin.pk)
+        assert re.fullmatch(r"[0-9]+", slurm_id) and f"submitted as scheduler job {slurm_id}" in result.stdout
+        assert token not in result.stdout + result.stderr and "mmtj_" not in result.stdout + result.stderr
+        assert f"JobName=mmt-{job.pk}" in slurm.show(slurm_id)
+
+        job = site.wait_status(job, "finished", "failed", "canceled")
+        assert (job.status, job.exit_code) == ("finished", 0), job.error
+        assert site.log(job) == expected_lines(job, 50)
+        kinds = list(JobEvent.objects.filter(job=job).order_by("id").values_list("kind", flat=True))
+        assert kinds.index("claimed") < kinds.index("submitted") < kinds.index("runner_started") < \
+            kinds.index("finished"), kinds
+        assert site.submission(job).scheduler_job_id == slurm_id
+        wait_for(lambda: not slurm.queue(slurm_id), timeout=30, what="the batch job to leave the queue")
+    finally:
+        for scheduler_id in site.scheduler_ids():
+            slurm.run("scancel", scheduler_id, check=False)
+            wait_for(lambda: not slurm.queue(scheduler_id), timeout=30,  # noqa: B023
+                     what="the batch job to leave the queue")
+        site.kill_leftovers()
