@@ -12,7 +12,8 @@ from django.utils.translation import gettext_lazy as _
 
 from computers import access as computer_access
 from computers.choices import Runtime
-from computers.models import ComputeTarget
+from computers.models import ComputeGroup, ComputeTarget
+from jobs.choices import MAX_CLUSTER_SIZE, ClusterMode
 from jobs.services import CONTAINER_RUNTIMES
 from mado.forms import add_service_error as shared_add_service_error
 from mado.validation import BIGINT_MAX, as_int
@@ -39,8 +40,9 @@ class OpenMultipleChoiceField(forms.MultipleChoiceField):
 class JobForm(forms.Form):
     name = forms.CharField(label=_("Run name"), max_length=200, required=False,
                            help_text=_("Shown in Jobs and in the Request stop dialog. Empty: job-<number>."))
-    computer = OpenChoiceField(label=_("Computer"))
-    runtime = OpenChoiceField(label=_("Runtime"))
+    # Not required here: a multi-node cluster Job names a compute group instead (the service decides).
+    computer = OpenChoiceField(label=_("Computer"), required=False)
+    runtime = OpenChoiceField(label=_("Runtime"), required=False)
     image = forms.CharField(label=_("Image"), max_length=1024, required=False,
                             help_text=_("Docker image, or the SIF image for Apptainer and Singularity. "
                                         "Only for container runtimes."))
@@ -65,6 +67,22 @@ class JobForm(forms.Form):
                                help_text=_("Longest run time, such as 90m, 2h30m, 1d or 01:30:00. "
                                            "Empty: no limit."))
 
+    cluster_mode = forms.ChoiceField(label=_("Cluster mode"), choices=ClusterMode.choices, required=False,
+                                     initial=ClusterMode.SINGLE_NODE,
+                                     help_text=_("Single node: every replica runs on the chosen computer. Multi-node: "
+                                                 "replicas are placed on the computers of a compute group, all on one "
+                                                 "computer when one can hold them all, to keep the network out."))
+    cluster_size = forms.IntegerField(label=_("Cluster size"), min_value=1, max_value=MAX_CLUSTER_SIZE, initial=1,
+                                      required=False,
+                                      help_text=_("How many replicas run, main1 included (main1, sub1, sub2, …). "
+                                                  "1: an ordinary Job."))
+    gpus_per_replica = forms.IntegerField(label=_("GPUs per replica"), min_value=0, max_value=64, initial=0,
+                                          required=False,
+                                          help_text=_("For a cluster Job, instead of GPU IDs: each replica gets this "
+                                                      "many GPUs of its own, picked when the Job starts."))
+    compute_group = OpenChoiceField(label=_("Compute group"), required=False,
+                                    help_text=_("Where a multi-node cluster Job runs."))
+
     def __init__(self, data=None, *, user, initial=None):
         super().__init__(data, initial=initial)
         self.computers = list(computer_access.usable_by(user).filter(enabled=True).order_by("name"))
@@ -77,6 +95,14 @@ class JobForm(forms.Form):
         if runtimes and not self._raw("runtime"):
             self.initial["runtime"] = Runtime.PYTHON if Runtime.PYTHON in runtimes else runtimes[0]
         self.fields["gpu_ids"].choices = [(g, f"GPU {g}") for g in (self.target.gpu_ids if self.target else [])]
+        if self.target is None:
+            # A multi-node Job has no computer: any runtime; its group must have a computer for it.
+            self.fields["runtime"].choices = Runtime.choices
+        self.fields["compute_group"].choices = [("", "—")] + [(str(g.pk), g.name) for g in ComputeGroup.objects.all()]
+
+    @property
+    def has_groups(self) -> bool:
+        return len(self.fields["compute_group"].choices) > 1
 
     @property
     def offers_image(self) -> bool:
@@ -91,6 +117,13 @@ class JobForm(forms.Form):
     def _chosen_target(self) -> ComputeTarget | None:
         chosen = str(self._raw("computer") or "")
         return next((c for c in self.computers if str(c.pk) == chosen), None)
+
+    def clean(self):
+        data = super().clean()
+        multi = (data.get("cluster_size") or 1) > 1 and data.get("cluster_mode") == ClusterMode.MULTI_NODE
+        if not multi and not data.get("computer"):
+            self.add_error("computer", forms.Field.default_error_messages["required"])
+        return data
 
     def clean_command(self) -> list[str]:
         text = self.cleaned_data["command"]
@@ -125,10 +158,19 @@ class JobForm(forms.Form):
 
     def service_data(self) -> dict:
         data = self.cleaned_data
-        return {"name": data["name"], "computer": data["computer"], "runtime": data["runtime"],
-                "image": data["image"], "command": data["command"], "requirements": data["requirements"],
-                "parameters": data["parameters"], "gpu_ids": list(data["gpu_ids"]),
-                "walltime_seconds": data["walltime"]}
+        values = {"name": data["name"], "computer": data["computer"], "runtime": data["runtime"] or None,
+                  "image": data["image"], "command": data["command"], "requirements": data["requirements"],
+                  "parameters": data["parameters"], "gpu_ids": list(data["gpu_ids"]),
+                  "walltime_seconds": data["walltime"]}
+        size = data.get("cluster_size") or 1
+        if size > 1:
+            # Resources are per replica (docs/cluster-jobs.md): GPUs per replica replace GPU IDs.
+            mode = data.get("cluster_mode") or ClusterMode.SINGLE_NODE
+            values.update(cluster_size=size, cluster_mode=mode, gpus_per_replica=data.get("gpus_per_replica") or 0,
+                          gpu_ids=[])
+            if mode == ClusterMode.MULTI_NODE:
+                values.update(computer=None, compute_group=data.get("compute_group") or None)
+        return values
 
 
 def parse_walltime(text: str) -> int | None:

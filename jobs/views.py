@@ -27,10 +27,10 @@ from django.utils.translation import gettext_noop
 from django.views.decorators.http import require_GET, require_http_methods
 from django_htmx.http import HttpResponseStopPolling
 
-from jobs import access, services
+from jobs import access, cluster, services
 from jobs.charts import job_charts
 from computers.choices import Kind
-from jobs.choices import ACTIVE_STATUSES, JobStatus
+from jobs.choices import ACTIVE_STATUSES, MAIN_REPLICA, JobStatus
 from jobs.forms import JobForm, add_service_error
 from jobs.models import Job
 from mado import access as identity
@@ -138,7 +138,9 @@ def _manual_target(request, target, project) -> dict | None:
 
 def _initial_from(query) -> dict:
     initial = {name: query.get(name) for name in ("name", "computer", "runtime", "image", "command", "requirements",
-                                                   "parameters", "walltime") if query.get(name) is not None}
+                                                   "parameters", "walltime", "cluster_mode", "cluster_size",
+                                                   "gpus_per_replica", "compute_group")
+               if query.get(name) is not None}
     if "gpu_ids" in query:
         initial["gpu_ids"] = query.getlist("gpu_ids")
     initial.setdefault("parameters", "{}")
@@ -151,7 +153,8 @@ def _initial_from(query) -> dict:
 @require_GET
 def job_detail(request, project, pk):
     job = _job(request, project, pk)
-    tail = list(job.log_chunks.order_by("-id")[:LOG_TAIL + 1])
+    replica = _replica(request, job)
+    tail = list(_log_chunks(job, replica).order_by("-id")[:LOG_TAIL + 1])
     omitted = len(tail) > LOG_TAIL
     chunks = list(reversed(tail[:LOG_TAIL]))
     context = {
@@ -160,8 +163,23 @@ def job_detail(request, project, pk):
         "logs_omitted": omitted,
         "after": chunks[-1].pk if chunks else 0,
         "polling": not job.is_terminal,
+        "replica": replica,
     }
     return render(request, "jobs/job_detail.html", context)
+
+
+def _replica(request, job: Job) -> str | None:
+    """The replica whose logs the page shows: a cluster job shows one at a time (main1 first)."""
+    if not job.is_cluster:
+        return None
+    chosen = request.GET.get("replica") or MAIN_REPLICA
+    if chosen not in job.replica_names:
+        raise Http404("No such replica in this job.")
+    return chosen
+
+
+def _log_chunks(job: Job, replica: str | None):
+    return job.log_chunks.filter(replica=replica) if replica else job.log_chunks.all()
 
 
 @login_required
@@ -174,11 +192,13 @@ def job_poll(request, project, pk):
     after = as_int(request.GET.get("after", "0"), low=0, high=BIGINT_MAX)
     if after is None:
         raise Http404("after is the id of the last log chunk shown.")
-    chunks = list(job.log_chunks.filter(id__gt=after).order_by("id")[:LOG_PAGE])
+    replica = _replica(request, job)
+    chunks = list(_log_chunks(job, replica).filter(id__gt=after).order_by("id")[:LOG_PAGE])
     done = job.is_terminal and len(chunks) < LOG_PAGE
     panels = _panels(request, job)
     context = {
         **panels,
+        "replica": replica,
         "chunks": chunks,
         "after": chunks[-1].pk if chunks else after,
         "polling": not done,
@@ -191,11 +211,13 @@ def job_poll(request, project, pk):
 @login_required
 @require_GET
 def job_log_text(request, project, pk):
-    """The whole log as text, stdout and stderr in the order they arrived."""
+    """The whole log as text, stdout and stderr in the order they arrived (of one replica: ?replica=)."""
     job = _job(request, project, pk)
-    chunks = (chunk for chunk in job.log_chunks.order_by("id").only("data").iterator(chunk_size=500))
+    replica = _replica(request, job)
+    chunks = (chunk for chunk in _log_chunks(job, replica).order_by("id").only("data").iterator(chunk_size=500))
     response = StreamingHttpResponse((chunk.data for chunk in chunks), content_type="text/plain; charset=utf-8")
-    response["Content-Disposition"] = f'inline; filename="job-{job.pk}.log"'
+    suffix = f"-{replica}" if replica else ""
+    response["Content-Disposition"] = f'inline; filename="job-{job.pk}{suffix}.log"'
     return response
 
 
@@ -224,8 +246,9 @@ def _panels(request, job: Job) -> dict:
     artifacts = list(job.artifacts.all())
     events = list(job.events.all())
     metric_stamp = job.metrics.aggregate(n=Count("id"), last=Max("id"))
-    version = "|".join(map(str, [
-        job.status, job.end_reason, job.exit_code, job.worker_id, job.stop_requested_at, job.is_unresponsive,
+    queued_reason = cluster.queued_reason(job)
+    version = "|".join(map(str, [queued_reason,
+        job.status, job.end_reason, job.exit_code, job.worker_id, job.target_id, job.stop_requested_at, job.is_unresponsive,
         job.started_at, job.finished_at, [e.pk for e in events][-1:], metric_stamp["n"], metric_stamp["last"],
         [(a.pk, a.complete) for a in artifacts],
     ]))
@@ -242,6 +265,8 @@ def _panels(request, job: Job) -> dict:
         "artifacts": artifacts,
         "parameters": json.dumps(job.parameters, indent=2, ensure_ascii=False, sort_keys=True),
         "manual": _manual_for(request, job),
+        "replicas": list(job.replicas.select_related("target")) if job.is_cluster else [],
+        "queued_reason": queued_reason,
         "version": hashlib.sha256(version.encode()).hexdigest()[:16],
     }
 
