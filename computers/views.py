@@ -46,6 +46,7 @@ from computers.forms import (
     gpu_label,
 )
 from computers.models import ComputeTarget, ConnectionCheck, DirectoryRead
+from datasets.models import DatasetCacheReport
 from mado import access as identity
 from mado.dialogs import dialog
 from mado.errors import ServiceError
@@ -130,6 +131,7 @@ def _details_context(request, target: ComputeTarget, **extra) -> dict:
         "machine": machine_summary(succeeded),
         "public_url": settings.PUBLIC_URL,
         "active_jobs": list(locks.active_jobs(target)[:5]) if manageable else [],
+        "dataset_cache": DatasetCacheReport.objects.filter(target=target).first(),
     }
     if manageable:
         latest = target.checks.select_related("requested_worker", "claimed_by").first()

@@ -237,7 +237,7 @@ def send_tar(duplex: Duplex, relay: Relay, version: dict) -> None:
 def _header(job: dict, version: dict, mode: str) -> dict:
     computer = job.get("computer") or {}
     header = {"job_id": int(job["id"]), "mode": mode,
-              "limit_bytes": int(computer.get("dataset_cache_limit_gib") or 100) * GIB,
+              "limit_bytes": int(float(computer.get("dataset_cache_limit_gib") or 100) * GIB),
               "version": {k: version[k] for k in ("id", "digest", "total_size", "file_count")}}
     if mode == "direct":
         header.update(api_url=str(job.get("api_url") or "").rstrip("/"), token=str(job.get("job_token") or ""),

@@ -184,3 +184,45 @@ def tree(directory: Path) -> dict[str, bytes]:
 
 def writable_bits(directory: Path) -> list[str]:
     return [str(p) for p in [directory, *directory.rglob("*")] if os.stat(p).st_mode & 0o222]
+
+
+from tests.agent_e2e_jobs.conftest import e2e  # noqa: E402,F401  (the shared end-to-end fixture)
+from tests.peers.sshd import sshd  # noqa: E402,F401
+
+CHECK_JOB = '''\
+import hashlib, json, os, sys
+params = json.load(open(os.environ["MMT_PARAMETERS_FILE"]))
+dirs = json.loads(os.environ["MMT_INPUT_DATASET_DIRS"])
+info = json.load(open(os.environ["MMT_DATASET_VERSIONS_FILE"]))["items"]
+assert sorted(dirs) == sorted(str(i["id"]) for i in info) == sorted(params["manifests"]), (dirs, info)
+checked = 0
+for vid, manifest in params["manifests"].items():
+    root = dirs[vid]
+    found = sorted(os.path.relpath(os.path.join(d, f), root) for d, _, fs in os.walk(root) for f in fs)
+    if found != sorted(i["path"] for i in manifest):
+        print("FILES DIFFER", vid); sys.exit(3)
+    for item in manifest:
+        digest = hashlib.sha256()
+        with open(os.path.join(root, item["path"]), "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                digest.update(block)
+        if digest.hexdigest() != item["sha256"]:
+            print("MISMATCH", item["path"]); sys.exit(3)
+        checked += 1
+    try:
+        open(os.path.join(root, manifest[0]["path"]), "ab")
+        print("WRITABLE"); sys.exit(4)
+    except PermissionError:
+        pass
+print(f"verified {checked} files of versions {sorted(dirs)} in {sorted(set(os.path.dirname(d) for d in dirs.values()))}")
+'''
+
+
+def checking_job(e2e, versions, **data):
+    """A job that checks the sha256 of every file of its inputs itself, through MMT_INPUT_DATASET_DIRS."""
+    script = e2e.working_dir / "check_inputs.py"
+    if not script.exists():
+        e2e.script("check_inputs.py", CHECK_JOB)
+    manifests = {str(v.pk): v.manifest() for v in versions}
+    return create_job_with_inputs(e2e, versions, command=["python", str(script)],
+                                  parameters={"manifests": manifests}, **data)
