@@ -151,7 +151,7 @@ def _upload_source(api: Api, project: str, directory: Path) -> dict:
 
 
 @jobs.command("create", context_settings={"ignore_unknown_options": True})
-@click.option("--computer", required=True, type=int, help="The computer's ID (Global settings → Computers).")
+@click.option("--computer", type=int, help="The computer's ID (Global settings → Computers); not for multi-node.")
 @click.option("--runtime", default="python", show_default=True,
               type=click.Choice(["python", "docker", "apptainer", "singularity"]))
 @click.option("--image", default="", help="Image for docker/apptainer/singularity jobs.")
@@ -162,17 +162,31 @@ def _upload_source(api: Api, project: str, directory: Path) -> dict:
 @click.option("--param", "params", multiple=True, help="A parameter NAME=VALUE (JSON values allowed); repeat.")
 @click.option("--walltime", type=click.IntRange(1, 30 * 24 * 3600), help="Seconds before the job is stopped.")
 @click.option("--name", default="", help="The run name.")
+@click.option("--cluster-size", type=click.IntRange(1, 64), default=1, show_default=True,
+              help="Replicas to run (main1, sub1, …); resources are per replica.")
+@click.option("--cluster-mode", type=click.Choice(["single-node", "multi-node"]), default="single-node",
+              show_default=True, help="All replicas on --computer, or spread over --compute-group.")
+@click.option("--compute-group", help="The compute group (name or ID) of a multi-node cluster job.")
+@click.option("--gpus-per-replica", type=click.IntRange(0, 64), help="GPUs each replica gets (cluster jobs).")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED, required=True)
 @click.pass_context
 def jobs_create(ctx, computer, runtime, image, gpus, requirements, source, git_source, params, walltime, name,
-                command):
-    """Queue COMMAND on a computer, e.g. `mado-tracking jobs create --computer 3 -- python train.py`."""
-    api = _api(ctx)
+                cluster_size, cluster_mode, compute_group, gpus_per_replica, command):
+    """Queue COMMAND on a computer, e.g. `mado-tracking jobs create --computer 3 -- python train.py`,
+    or N replicas of it: `--cluster-size 3 --cluster-mode multi-node --compute-group lab-nodes`."""
     if source and git_source:
         raise click.UsageError("Choose --source DIR or --git URL@REF, not both.")
+    multi = cluster_size > 1 and cluster_mode == "multi-node"
+    if not multi and computer is None:
+        raise click.UsageError("Give --computer ID, or run a multi-node cluster job with --cluster-size N "
+                               "--cluster-mode multi-node --compute-group GROUP.")
+    if cluster_size > 1 and gpus:
+        raise click.UsageError("A cluster job does not name GPUs: give --gpus-per-replica N instead of --gpu.")
+    api = _api(ctx)
     project = _project(api)
-    body = {"computer": computer, "runtime": runtime, "image": image, "command": list(command),
-            "gpu_ids": list(gpus), "parameters": _parse_param(params), "name": name}
+    body = {"runtime": runtime, "image": image, "command": list(command),
+            "parameters": _parse_param(params), "name": name, **_placement(computer, gpus, cluster_size, cluster_mode,
+                                                                           compute_group, gpus_per_replica)}
     if walltime:
         body["walltime_seconds"] = walltime
     if requirements:
@@ -183,8 +197,25 @@ def jobs_create(ctx, computer, runtime, image, gpus, requirements, source, git_s
         uploaded = _upload_source(api, project, Path(source))
         body["source"] = {"kind": "archive", "id": uploaded["id"]}
     job = api.call("POST", f"/api/projects/{project}/jobs", json=body)
-    click.echo(f"Created job {job['id']} on {job['computer']['name']} ({job['status']}).")
+    where = (f"compute group {job['compute_group']['name']}" if job.get("compute_group")
+             else job["computer"]["name"])
+    size = f", {job['cluster_size']} replicas" if job.get("cluster_size", 1) > 1 else ""
+    click.echo(f"Created job {job['id']} on {where}{size} ({job['status']}).")
     click.echo(f"Follow it with: mado-tracking jobs logs {job['id']} --follow")
+
+
+def _placement(computer, gpus, cluster_size, cluster_mode, compute_group, gpus_per_replica) -> dict:
+    """The create fields that say where the job runs (docs/cluster-jobs.md); the server checks them."""
+    body = {"gpu_ids": list(gpus), **({"computer": computer} if computer is not None else {})}
+    if cluster_size > 1:
+        body.update(cluster_size=cluster_size, cluster_mode=cluster_mode, gpu_ids=[])
+        if gpus_per_replica is not None:
+            body["gpus_per_replica"] = gpus_per_replica
+    elif gpus_per_replica:
+        body["gpus_per_replica"] = gpus_per_replica  # refused by the server with what to give instead
+    if compute_group:
+        body["compute_group"] = compute_group
+    return body
 
 
 @jobs.command("list")
@@ -209,13 +240,15 @@ def jobs_list(ctx, status, as_json):
 @click.argument("job_id", type=int)
 @click.option("--follow", "-f", is_flag=True, help="Keep printing until the job ends.")
 @click.option("--interval", default=1.0, show_default=True, type=click.FloatRange(0.1, 60))
+@click.option("--replica", help="Only this replica of a cluster job (main1, sub1, …); all when absent.")
 @click.pass_context
-def jobs_logs(ctx, job_id, follow, interval):
+def jobs_logs(ctx, job_id, follow, interval, replica):
     """Print a job's stdout and stderr (stderr to stderr)."""
     api = _api(ctx)
     after = 0
     while True:
-        page = api.call("GET", f"/api/jobs/{job_id}/logs", params={"after": after})
+        params = {"after": after, **({"replica": replica} if replica else {})}
+        page = api.call("GET", f"/api/jobs/{job_id}/logs", params=params)
         for chunk in page["items"]:
             click.echo(chunk["data"], nl=False, err=chunk["stream"] == "stderr")
         after = page["next"]
