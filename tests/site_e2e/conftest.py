@@ -65,6 +65,10 @@ def expected_lines(job, lines: int) -> str:
     return "".join(f"line {i:03d} of job {job.pk}\n" for i in range(1, lines + 1))
 
 
+def ticks(text: str) -> list[int]:
+    return [int(line.split()[1]) for line in text.splitlines() if line.startswith("tick ")]
+
+
 def slurm_job_shell() -> str:
     return SLURM_PREFIX + shells.builtin_template("slurm")
 

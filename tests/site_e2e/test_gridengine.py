@@ -9,7 +9,7 @@ import re
 import socket
 
 from jobs.models import JobEvent, Metric
-from tests.site_e2e.conftest import expected_lines, numbered
+from tests.site_e2e.conftest import TICKER, expected_lines, numbered, ticks
 from tests.support import wait_for
 
 
@@ -39,3 +39,20 @@ def test_a_job_goes_through_grid_engine_and_finishes_with_its_logs_and_qsub_id(g
         kinds.index("finished"), kinds
     wait_for(lambda: gridengine.state(sge_id) is None, timeout=30, what="the job to leave the queue")
     assert len(list(site.spec_dir(job).glob(f"sge-{sge_id}.*.out"))) == 1
+
+
+def test_a_walltime_shorter_than_the_job_ends_it_timed_out_under_grid_engine(gridengine_site, gridengine):
+    """h_rt ends a job with SIGKILL, so the job shell's batch script runs the runner under `timeout`,
+    which sends SIGTERM half of a short limit early (mmt_lead_seconds): 10 s into a 20 s limit."""
+    site = gridengine_site
+    job = site.job(TICKER, walltime_seconds=20)
+    site.round()
+    sge_id = site.submission(job).scheduler_job_id
+    details = gridengine.run("qstat", "-j", sge_id, check=False).stdout
+    assert re.search(r"^hard resource_list:\s+h_rt=20$", details, re.MULTILINE), details
+
+    job = site.wait_status(job, "failed", "finished", "canceled", timeout=60)
+    assert (job.status, job.end_reason) == ("failed", "timed_out"), job.error
+    got = ticks(site.log(job))
+    assert got and got == list(range(len(got))) and len(got) < 60, got[-3:]
+    wait_for(lambda: gridengine.state(sge_id) is None, timeout=30, what="the job to leave the queue")

@@ -19,12 +19,8 @@ from mado.services import Actor, issue_personal_token
 from sites import services as site_services
 from sites.models import Submission
 from tests.conftest import bearer
-from tests.site_e2e.conftest import TICKER, Site, expected_lines, numbered, run_cli
+from tests.site_e2e.conftest import TICKER, Site, expected_lines, numbered, run_cli, ticks
 from tests.support import wait_for
-
-def ticks(text: str) -> list[int]:
-    return [int(line.split()[1]) for line in text.splitlines() if line.startswith("tick ")]
-
 
 def test_a_job_goes_through_slurm_and_finishes_with_its_logs_metric_and_slurm_id(slurm_site, slurm, sshd, world,
                                                                                  client):
