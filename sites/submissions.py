@@ -204,12 +204,17 @@ def _submit_group(actor, site, jobs, *, launcher, submitted_by, work_dir, variab
     return Batch(site=site, rows=rows, tokens=tokens, script=script)
 
 
+def unreported(launcher: Launcher, site: SiteSettings):
+    """Submissions of `site` this launcher claimed and never reported: its next claim adopts them, so
+    its config counts them as claimable (and as free room: they already count as active)."""
+    return Submission.objects.filter(launcher=launcher, target=site.target, status=SubmissionStatus.CLAIMED,
+                                     job__status=JobStatus.SUBMITTING)
+
+
 def _adopt(launcher: Launcher, site: SiteSettings, limit: int) -> list[Batch]:
     """This launcher's claims it never reported: the answer may have been lost, so they come back with
     new job tokens (the old ones end) and a script that looks for the scheduler job first."""
-    rows = list(Submission.objects.select_for_update(of=("self",))
-                .filter(launcher=launcher, target=site.target, status=SubmissionStatus.CLAIMED,
-                        job__status=JobStatus.SUBMITTING)
+    rows = list(unreported(launcher, site).select_for_update(of=("self",))
                 .select_related("job__project", "job__created_by", "job__target", "job_shell")
                 .order_by("claimed_at", "batch", "array_index"))
     grouped: dict[uuid.UUID, list[Submission]] = {}

@@ -15,6 +15,7 @@ import os
 import shutil
 import subprocess
 import uuid
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -229,6 +230,18 @@ def gridengine_site(server, registered, world, sshd, gridengine, login_home, tmp
                      job_shell=gridengine_job_shell(), variables="SGE_ROOT=/var/lib/gridengine\nSGE_CELL=default")
     yield site
     settle(site, lambda i: gridengine.run("qdel", i, check=False), lambda i: gridengine.state(i) is not None)
+
+
+@contextmanager
+def node_taken(slurm):  # noqa: F811
+    """Another job holds the whole node meanwhile, so a site's job stays pending; yields its id."""
+    blocker = slurm.run("sbatch", "--parsable", "--exclusive", "--job-name=blocker", "--wrap", "sleep 300").stdout
+    blocker = blocker.strip().split(";")[0]
+    try:
+        wait_for(lambda: slurm.queue(blocker) == [(blocker, "RUNNING")], timeout=30, what="the blocker running")
+        yield blocker
+    finally:
+        slurm.run("scancel", blocker, check=False)
 
 
 def run_cli(argv: list[str], env: dict, timeout: float = 120) -> subprocess.CompletedProcess:

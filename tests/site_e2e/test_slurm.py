@@ -4,14 +4,20 @@ built-in Slurm job shell (sbatch); slurmd runs the batch script, which execs the
 directory; the runner builds the python runtime's venv, runs the code under the supervisor and reports
 with the job token. Also: Request stop (scancel through the job shell's mmt_cancel, and the runner's
 cancel_requested), the scheduler's SIGTERM before a short time limit, an array of three, and the same
-flow on a manual site with `mado-tracking submit` run as a program. See conftest.py."""
+flow on a manual site with `mado-tracking submit` run as a program, and a submission whose report was
+lost adopted by the launcher's next round. See conftest.py."""
 from __future__ import annotations
 
+import json
 import os
 import re
 import socket
 import sys
+from datetime import timedelta
 from pathlib import Path
+
+import pytest
+from django.utils import timezone
 
 from jobs.models import JobEvent, Metric
 from jobs.services import request_stop
@@ -19,8 +25,9 @@ from mado.services import Actor, issue_personal_token
 from sites import services as site_services
 from sites.models import Submission
 from tests.conftest import bearer
-from tests.site_e2e.conftest import TICKER, Site, expected_lines, numbered, run_cli, ticks
+from tests.site_e2e.conftest import TICKER, Site, expected_lines, node_taken, numbered, run_cli, ticks
 from tests.support import wait_for
+
 
 def test_a_job_goes_through_slurm_and_finishes_with_its_logs_metric_and_slurm_id(slurm_site, slurm, sshd, world,
                                                                                  client):
@@ -66,10 +73,7 @@ def test_a_job_goes_through_slurm_and_finishes_with_its_logs_metric_and_slurm_id
 def test_request_stop_of_a_pending_job_runs_scancel_through_the_job_shell(slurm_site, slurm, world):
     site = slurm_site
     # Another job takes the whole node, so this one stays pending in the queue.
-    blocker = slurm.run("sbatch", "--parsable", "--exclusive", "--job-name=blocker", "--wrap", "sleep 300").stdout
-    blocker = blocker.strip().split(";")[0]
-    try:
-        wait_for(lambda: slurm.queue(blocker) == [(blocker, "RUNNING")], timeout=30, what="the blocker running")
+    with node_taken(slurm):
         job = site.job(numbered(5), walltime_seconds=600)
         site.round()
         slurm_id = site.submission(job).scheduler_job_id
@@ -86,8 +90,27 @@ def test_request_stop_of_a_pending_job_runs_scancel_through_the_job_shell(slurm_
         wait_for(lambda: not slurm.queue(slurm_id), timeout=30, what="scancel to empty the queue")
         assert "JobState=CANCELLED" in slurm.show(slurm_id)
         assert row.runner_started_at is None
-    finally:
-        slurm.run("scancel", blocker, check=False)
+
+
+def test_a_job_pending_past_the_queue_timeout_fails_and_the_launcher_cancels_its_slurm_job(slurm_site, slurm):
+    site = slurm_site
+    with node_taken(slurm):
+        job = site.job(numbered(5), walltime_seconds=600)
+        site.round()
+        row = site.submission(job)
+        slurm_id = row.scheduler_job_id
+        assert slurm.queue(slurm_id) == [(slurm_id, "PENDING")]
+        # The site's queue timeout has passed since the report, with no runner started.
+        waited = timedelta(seconds=site.target.site_settings.queue_timeout_seconds + 1)
+        Submission.objects.filter(pk=row.pk).update(reported_at=timezone.now() - waited)
+
+        site.round()  # its config poll ends the Job and hands out the cancellation the same round
+        job = site.wait_status(job, "failed", timeout=5)
+        assert job.end_reason == "queue_timeout" and "queue timeout" in job.error
+        row.refresh_from_db()
+        assert (row.cancel_state, row.cancel_error) == ("done", "")
+        wait_for(lambda: not slurm.queue(slurm_id), timeout=30, what="scancel to empty the queue")
+        assert "JobState=CANCELLED" in slurm.show(slurm_id)
 
 
 def test_request_stop_of_a_running_job_reaches_its_runner_and_the_queue_empties(slurm_site, slurm, world):
@@ -195,3 +218,33 @@ def test_a_manual_site_job_goes_through_mado_tracking_submit_and_slurm_to_finish
             wait_for(lambda: not slurm.queue(scheduler_id), timeout=30,  # noqa: B023
                      what="the batch job to leave the queue")
         site.kill_leftovers()
+
+
+@pytest.mark.xfail(strict=True, reason="the launcher's config counts only queued Jobs as claimable, so a launcher "
+                   "never claims again to adopt its unreported submissions: sites/launchers.py _site_config must add "
+                   "submissions.unreported(launcher, site).count() to claimable and free")
+def test_a_submission_whose_report_was_lost_is_adopted_not_submitted_twice_and_runs(slurm_site, slurm, monkeypatch):
+    """The launcher dies between sbatch and its report (no report on disk either). Its next round gets
+    the claim back with adopt: true, the job shell's mmt_find finds the pending job by its name, the
+    same Slurm id is reported, and the batch job's runner starts with the new token job.json holds."""
+    site = slurm_site
+    with node_taken(slurm) as blocker:
+        job = site.job(numbered(20), walltime_seconds=600)
+        with monkeypatch.context() as lost:
+            lost.setattr(site.agent, "report", lambda submission, outcome: None)
+            site.round()
+        assert (site.submission(job).status, site.wait_status(job, "submitting").status) == ("claimed", "submitting")
+        named = slurm.run("squeue", "--noheader", f"--name=mmt-{job.pk}", "--format=%i").stdout.split()
+        assert len(named) == 1, named
+        first_token = json.loads((site.spec_dir(job) / "job.json").read_text())["token"]
+
+        site.round()
+        row = site.submission(job)
+        assert (row.status, row.scheduler_job_id) == ("submitted", named[0]), row.error
+        assert slurm.run("squeue", "--noheader", f"--name=mmt-{job.pk}", "--format=%i").stdout.split() == named
+        assert json.loads((site.spec_dir(job) / "job.json").read_text())["token"] != first_token
+
+        slurm.run("scancel", blocker, check=False)
+        job = site.wait_status(job, "finished", "failed", "canceled")
+        assert (job.status, job.exit_code) == ("finished", 0), job.error
+        assert site.log(job) == expected_lines(job, 20)
