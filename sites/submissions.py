@@ -267,6 +267,18 @@ def submission_body(batch: Batch) -> dict:
     }
 
 
+def submission_summary(job: Job) -> dict | None:
+    """What a Job's details show of its submission to a site (None on other computers): the scheduler's
+    job id people look for in squeue/qstat, and where its runner started."""
+    row = Submission.objects.filter(job_id=job.pk).select_related("job_shell").first()
+    if row is None:
+        return None
+    return {"status": row.status, "scheduler_job_id": row.scheduler_job_id or None,
+            "job_shell_version": row.job_shell.version, "array_index": row.array_index,
+            "reported_at": row.reported_at, "runner_hostname": row.runner_hostname or None,
+            "runner_started_at": row.runner_started_at}
+
+
 def runner_job_payload(job: Job, token: str | None, site: SiteSettings) -> dict:
     """The worker's claim object, addressed to the runner: the site's API URL and the runner's source path."""
     payload = worker_job_payload(job, token)

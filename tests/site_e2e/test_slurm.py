@@ -23,6 +23,7 @@ from jobs.models import JobEvent, Metric
 from jobs.services import request_stop
 from mado.services import Actor, issue_personal_token
 from sites import services as site_services
+from sites import submissions
 from sites.models import Submission
 from tests.conftest import bearer
 from tests.site_e2e.conftest import TICKER, Site, expected_lines, node_taken, numbered, run_cli, ticks
@@ -52,8 +53,8 @@ def test_a_job_goes_through_slurm_and_finishes_with_its_logs_metric_and_slurm_id
     assert (job.status, job.exit_code, job.end_reason) == ("finished", 0, "exit_code"), job.error
     assert site.log(job) == expected_lines(job, 200)
     assert [(m.name, m.value, m.step) for m in Metric.objects.filter(job=job)] == [("loss", 0.25, 1)]
-    row = site.submission(job)
-    assert (row.scheduler_job_id, row.runner_hostname) == (slurm_id, socket.gethostname())
+    summary = submissions.submission_summary(job)
+    assert (summary["scheduler_job_id"], summary["runner_hostname"]) == (slurm_id, socket.gethostname())
     kinds = list(JobEvent.objects.filter(job=job).order_by("id").values_list("kind", flat=True))
     for earlier, later in (("claimed", "submitted"), ("submitted", "runner_started"), ("runner_started", "started"),
                            ("started", "finished")):
