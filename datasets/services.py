@@ -470,3 +470,10 @@ def record_cache_usage(job, worker_id: str, usage) -> None:
         "used_bytes": numbers["used_bytes"], "limit_bytes": numbers["limit_bytes"],
         "version_count": numbers["complete_count"], "pinned_count": numbers["pinned_count"],
         "worker_id": str(worker_id or "")[:64], "job": job, "reported_at": timezone.now()})
+
+
+def input_choices(user, project, limit: int = 200) -> list[tuple[str, str]]:
+    """The New job form's picker: complete versions with files, newest first."""
+    versions = (DatasetVersion.objects.filter(dataset__in=access.visible_in(user, project), status=VersionStatus.COMPLETE,
+                                              uri="").select_related("dataset").order_by("-completed_at", "-id")[:limit])
+    return [(str(v.pk), f"{v.dataset.name} v{v.number} · {v.file_count} files · {v.digest_prefix}") for v in versions]

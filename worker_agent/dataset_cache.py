@@ -226,9 +226,9 @@ def make_room(root, key, need, limit):
         used -= e["size"]
         evicted.append(e["key"])
     if used + need > limit:
-        raise Failed("cache_full", f"The dataset cache limit of this computer is {gib(limit)}; versions in use by other "
-                                   f"queued or running jobs hold {gib(used)}, so {gib(need)} more does not fit. Wait "
-                                   "for those jobs to end, or raise the computer's dataset cache limit.")
+        raise Failed("cache_full", f"The dataset cache limit of this computer is {gib(limit)}; versions in use by "
+                                   f"other queued or running jobs hold {gib(used)}, so {gib(need)} more does not fit. "
+                                   "Wait for those jobs to end, or raise the computer's dataset cache limit.")
     return evicted
 
 

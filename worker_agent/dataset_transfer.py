@@ -21,6 +21,8 @@ import shlex
 import subprocess
 import tarfile
 import time
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from urllib.parse import quote
 
@@ -36,6 +38,9 @@ RETRY_DELAYS = (2.0, 4.0)
 BLOCK = 1 << 20
 WAIT_SECONDS = 6 * 3600.0  # for the answer while another job fetches the same version
 GIB = 1 << 30
+SMALL_FILE = 1 << 20  # fetched whole, ahead of the writer
+PREFETCH = 32  # files queued ahead of the writer: at most 32 MiB of small files in memory
+PARALLEL = 8  # downloads at once
 _SOURCE = (Path(__file__).with_name("dataset_cache.py")).read_text(encoding="utf-8")
 
 
@@ -221,13 +226,46 @@ def tar_header(path: str, size: int) -> bytes:
     return info.tobuf(format=tarfile.PAX_FORMAT, encoding="utf-8", errors="strict")
 
 
+def _whole(relay: Relay, version: dict, item: dict) -> bytes:
+    parts: list[bytes] = []
+    relay.copy(version, item, parts.append)
+    return b"".join(parts)
+
+
 def send_tar(duplex: Duplex, relay: Relay, version: dict) -> None:
+    """The manifest line, then the tar. Small files are fetched a few at a time ahead of the writer
+    (at most PREFETCH of them in memory), because one request per small file would otherwise cost a
+    round trip each; large files stream straight from the HTTP answer into the SSH channel."""
     items = relay.manifest(version)
     duplex.write((json.dumps(items) + "\n").encode("utf-8"))
-    for item in items:
-        duplex.write(tar_header(item["path"], item["size"]))
-        relay.copy(version, item, duplex.write)
-        duplex.write(b"\0" * (-item["size"] % tarfile.BLOCKSIZE))
+    with ThreadPoolExecutor(max_workers=PARALLEL, thread_name_prefix="dataset-relay") as pool:
+        ahead: deque = deque()
+        upcoming = iter(enumerate(items))
+
+        def refill():
+            while len(ahead) < PREFETCH:
+                nxt = next(upcoming, None)
+                if nxt is None:
+                    return
+                _, item = nxt
+                small = item["size"] <= SMALL_FILE
+                ahead.append((item, pool.submit(_whole, relay, version, item) if small else None))
+
+        try:
+            refill()
+            while ahead:
+                item, future = ahead.popleft()
+                duplex.write(tar_header(item["path"], item["size"]))
+                if future is not None:
+                    duplex.write(future.result())
+                else:
+                    relay.copy(version, item, duplex.write)
+                duplex.write(b"\0" * (-item["size"] % tarfile.BLOCKSIZE))
+                refill()
+        finally:
+            for _, future in ahead:
+                if future is not None:
+                    future.cancel()
     duplex.write(b"\0" * (2 * tarfile.BLOCKSIZE))
     duplex.close_write()
 

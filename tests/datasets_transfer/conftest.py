@@ -214,7 +214,8 @@ for vid, manifest in params["manifests"].items():
         print("WRITABLE"); sys.exit(4)
     except PermissionError:
         pass
-print(f"verified {checked} files of versions {sorted(dirs)} in {sorted(set(os.path.dirname(d) for d in dirs.values()))}")
+places = sorted(set(os.path.dirname(d) for d in dirs.values()))
+print(f"verified {checked} files of versions {sorted(dirs)} in {places}")
 '''
 
 

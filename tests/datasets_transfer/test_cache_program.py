@@ -11,7 +11,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from tests.datasets_transfer.conftest import digest_of, finish, tar_of, header, manifest_of, sample_files, sha, tree, writable_bits
+from tests.datasets_transfer.conftest import (digest_of, finish, header, manifest_of, sample_files, sha, tar_of, tree,
+                                              writable_bits)
 
 KIB = 1024
 
@@ -28,10 +29,7 @@ def test_relay_delivers_every_file_bit_exact_into_a_read_only_entry(cache):
     assert complete["digest"] == digest_of(files) and complete["version_id"] == 7
     assert (entry / "last-used").exists() and (entry / "users" / "1").exists()
     assert not (entry / "partial").exists()
-    assert writable_bits(entry / "data") == [], "finished entries are read-only"
-    with pytest.raises(PermissionError):
-        open(entry / "data" / "labels" / "ラベル.json", "ab") if os.getuid() else (_ for _ in ()).throw(
-            PermissionError("root ignores modes"))
+    assert writable_bits(entry / "data") == [], "finished entries are read-only (jobs try to write in test_e2e)"
 
 
 def test_a_second_ensure_moves_no_bytes(cache):
