@@ -10,17 +10,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from django.db import IntegrityError, transaction
-from django.db.models import Q
 
 from computers import access as computer_access
-from computers.choices import Kind
+from computers.groups import GROUP_KINDS
 from computers.models import ComputeGroup, ComputeTarget
 from jobs.choices import HELD_STATUSES, MAX_CLUSTER_SIZE, ClusterMode
 from jobs.models import GpuReservation, Job, JobReplica
 from mado.validation import BIGINT_MAX, as_int
 
 MAX_GPUS_PER_REPLICA = 64
-GROUP_KINDS = (Kind.SSH, Kind.LOCAL)
 
 
 # Creation ---------------------------------------------------------------------------------------

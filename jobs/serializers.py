@@ -104,7 +104,8 @@ def cluster_body(job: Job) -> dict:
 
 
 def log_body(chunk) -> dict:
-    return {"id": chunk.pk, "replica": chunk.replica, "stream": chunk.stream, "offset": chunk.offset, "data": chunk.data,
+    return {"id": chunk.pk, "replica": chunk.replica, "stream": chunk.stream, "offset": chunk.offset,
+            "data": chunk.data,
             "created_at": chunk.created_at}
 
 

@@ -236,7 +236,8 @@ def _claimable(worker: Worker):
     # checks the creator's right to each).
     in_its_group = spread & Q(compute_group__in=ComputeGroup.objects.filter(
         computers__in=served.values("pk")).values("pk"))
-    return Job.objects.filter(status=JobStatus.QUEUED).filter(on_its_computer | in_its_group).order_by("created_at", "id")
+    queued = Job.objects.filter(status=JobStatus.QUEUED)
+    return queued.filter(on_its_computer | in_its_group).order_by("created_at", "id")
 
 
 def _reserve_gpus(job: Job, target: ComputeTarget) -> bool:
@@ -354,7 +355,8 @@ def append_logs(job: Job, chunks, *, streams=(Stream.STDOUT, Stream.STDERR)) -> 
         replica = chunk.get("replica") or MAIN_REPLICA
         if replica not in names:
             raise ServiceError(f"replica is one of this job's replicas: {', '.join(names[:8])}"
-                               + (" …" if len(names) > 8 else "") + ".", "invalid", fields={"chunks": ["Unknown replica."]})
+                               + (" …" if len(names) > 8 else "") + ".", "invalid",
+                               fields={"chunks": ["Unknown replica."]})
         rows[(replica, chunk["stream"], offset)] = LogChunk(job=job, replica=replica, stream=chunk["stream"],
                                                             offset=offset, data=chunk["data"])
     if not rows:

@@ -248,7 +248,8 @@ def _panels(request, job: Job) -> dict:
     metric_stamp = job.metrics.aggregate(n=Count("id"), last=Max("id"))
     queued_reason = cluster.queued_reason(job)
     version = "|".join(map(str, [queued_reason,
-        job.status, job.end_reason, job.exit_code, job.worker_id, job.target_id, job.stop_requested_at, job.is_unresponsive,
+        job.status, job.end_reason, job.exit_code, job.worker_id, job.target_id, job.stop_requested_at,
+        job.is_unresponsive,
         job.started_at, job.finished_at, [e.pk for e in events][-1:], metric_stamp["n"], metric_stamp["last"],
         [(a.pk, a.complete) for a in artifacts],
     ]))

@@ -67,5 +67,6 @@ def test_the_replica_selector_shows_one_replicas_logs(world, gpu_box, job_worker
     assert "sub says hi" in poll.content.decode() and "main says hi" not in poll.content.decode()
     text = session(world.member).get(reverse("job-log-text", args=["lab", item["id"]]) + "?replica=sub1")
     assert b"".join(text.streaming_content) == b"sub says hi\n"
-    assert session(world.member).get(reverse("job-detail", args=["lab", item["id"]]) + "?replica=sub5").status_code == 404
+    missing = session(world.member).get(reverse("job-detail", args=["lab", item["id"]]) + "?replica=sub5")
+    assert missing.status_code == 404
     assert LogChunk.objects.count() == 2

@@ -45,7 +45,8 @@ def _violations(targets) -> list[str]:
     with connection.cursor() as cursor:
         cursor.execute(CLUSTER_HOLDINGS)
         for job_id, status, size, per, reserved, replicas in cursor.fetchall():
-            expected = (size * per, size) if status in ("claimed", "running") else (0, 0 if status == "queued" else None)
+            held = status in ("claimed", "running")
+            expected = (size * per, size) if held else (0, 0 if status == "queued" else None)
             if reserved != expected[0] or (expected[1] is not None and replicas != expected[1]):
                 problems.append(f"cluster job {job_id} ({status}, {size}×{per}) holds {reserved} GPUs, "
                                 f"{replicas} replicas")

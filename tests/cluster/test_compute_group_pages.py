@@ -12,7 +12,8 @@ def test_a_global_admin_creates_a_group_of_ssh_computers_and_everyone_sees_it(wo
     page = admin.get("/settings/computers/groups/new")
     assert page.status_code == 200 and "node-a" in page.content.decode()
     response = admin.post("/settings/computers/groups/new",
-                          {"name": "lab-nodes", "description": "the two lab boxes", "computers": [node_a.pk, node_b.pk]})
+                          {"name": "lab-nodes", "description": "the two lab boxes",
+                           "computers": [node_a.pk, node_b.pk]})
     assert response.status_code == 302
     group = ComputeGroup.objects.get()
     assert sorted(group.computers.values_list("name", flat=True)) == ["node-a", "node-b"]
@@ -37,8 +38,8 @@ def test_edit_renames_and_changes_members_and_bad_input_says_what_to_fix(world, 
     site = make_site(world.global_admin)
     response = admin.post(f"/settings/computers/groups/{lab_nodes.pk}/edit", {"name": "x", "computers": [site.pk]})
     assert response.status_code == 200 and "Select a valid choice" in response.content.decode()
-    response = admin.post(f"/settings/computers/groups/{lab_nodes.pk}/edit", {"name": "a-nodes", "computers": [node_a.pk]},
-                          HTTP_HX_REQUEST="true")
+    response = admin.post(f"/settings/computers/groups/{lab_nodes.pk}/edit",
+                          {"name": "a-nodes", "computers": [node_a.pk]}, HTTP_HX_REQUEST="true")
     assert response.status_code == 204 and "computeGroupsChanged" in response["HX-Trigger"]
     lab_nodes.refresh_from_db()
     assert lab_nodes.name == "a-nodes" and list(lab_nodes.computers.values_list("name", flat=True)) == ["node-a"]
@@ -48,7 +49,8 @@ def test_a_group_with_a_queued_job_is_not_deleted(world, lab_nodes):
     job = create(world, cluster_size=2, cluster_mode="multi-node", compute_group=lab_nodes.pk)
     admin = session(world.global_admin)
     response = admin.post(f"/settings/computers/groups/{lab_nodes.pk}/delete")
-    assert response.status_code == 200 and f"Jobs {job['id']} use the compute group lab-nodes" in response.content.decode()
+    assert response.status_code == 200
+    assert f"Jobs {job['id']} use the compute group lab-nodes" in response.content.decode()
     assert session(world.member).post(f"/api/jobs/{job['id']}/stop").status_code == 200
     assert admin.post(f"/settings/computers/groups/{lab_nodes.pk}/delete").status_code == 302
     assert not ComputeGroup.objects.exists()
