@@ -16,7 +16,7 @@ from mado.api.views import json_object, project_for
 from mado.choices import Role, Scope
 from mado.services import Actor
 from mado.validation import BIGINT_MAX, as_int
-from sites.submissions import expire_overdue
+from sites.submissions import expire_overdue, submission_summary
 
 LOG_PAGE = 500
 # Site phases with a deadline (docs/sites-protocol.md): reads end the overdue ones first.
@@ -83,7 +83,9 @@ class JobView(APIView):
         job = _job(request, pk)
         if job.status in SITE_WAITING and expire_overdue():
             job = _job(request, pk)
-        return Response(job_body(request.user, job))
+        body = job_body(request.user, job)
+        body["submission"] = submission_summary(job)  # site Jobs: scheduler id, job shell version; else null
+        return Response(body)
 
 
 class JobStopView(APIView):

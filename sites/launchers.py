@@ -185,6 +185,7 @@ def _site_config(launcher: Launcher, site: SiteSettings) -> dict:
 
     target = site.target
     shell = current_job_shell(target)
+    adoptable = submissions.unreported(launcher, site).count()
     body = {
         "computer": target.pk, "name": target.name, "enabled": target.enabled,
         "account": site.account, "host": site.host, "port": site.port, "ssh_user": site.ssh_user,
@@ -192,8 +193,10 @@ def _site_config(launcher: Launcher, site: SiteSettings) -> dict:
         "runner_python": site.runner_python, "runner_api_url": site.runner_api_url, "variables": site.variables,
         "max_active_submissions": site.max_active_submissions, "queue_timeout_seconds": site.queue_timeout_seconds,
         "job_shell": {"version": shell.version, "sha256": shell.sha256} if shell else None,
-        "claimable": submissions.waiting(site).count(),
-        "free": submissions.free_slots(site),
+        # This launcher's unreported claims count too: its next claim adopts them first, and they already
+        # hold their slots, so a site at capacity can still adopt them.
+        "claimable": submissions.waiting(site).count() + adoptable,
+        "free": submissions.free_slots(site) + adoptable,
         "keys": keys.keys_of(launcher, target),
     }
     if site.account == AccountKind.PERSONAL:

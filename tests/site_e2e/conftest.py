@@ -235,7 +235,7 @@ def gridengine_site(server, registered, world, sshd, gridengine, login_home, tmp
 @contextmanager
 def node_taken(slurm):  # noqa: F811
     """Another job holds the whole node meanwhile, so a site's job stays pending; yields its id."""
-    blocker = slurm.run("sbatch", "--parsable", "--exclusive", "--job-name=blocker", "--wrap", "sleep 300").stdout
+    blocker = slurm.run("sbatch", "--parsable", "--exclusive", "--job-name=blocker", "--output=/dev/null", "--wrap", "sleep 300").stdout
     blocker = blocker.strip().split(";")[0]
     try:
         wait_for(lambda: slurm.queue(blocker) == [(blocker, "RUNNING")], timeout=30, what="the blocker running")

@@ -12,8 +12,6 @@ from tests.conftest import bearer
 from tests.sites.conftest import host_keys, launcher, make_site, site_fields  # noqa: F401  (fixtures)
 
 
-@pytest.mark.xfail(strict=True, reason="GET /api/jobs/{id} does not show the submission yet: jobs/api.py JobView.get "
-                                       "must add body['submission'] = submissions.submission_summary(job)")
 def test_the_job_detail_api_shows_the_scheduler_job_id_of_a_site_job(world, launcher, make_site):  # noqa: F811
     target = make_site(world.project_admin, visibility="public")
     job = job_services.create_job(Actor(world.project_admin), world.project,

@@ -221,9 +221,6 @@ def test_a_manual_site_job_goes_through_mado_tracking_submit_and_slurm_to_finish
         site.kill_leftovers()
 
 
-@pytest.mark.xfail(strict=True, reason="the launcher's config counts only queued Jobs as claimable, so a launcher "
-                   "never claims again to adopt its unreported submissions: sites/launchers.py _site_config must add "
-                   "submissions.unreported(launcher, site).count() to claimable and free")
 def test_a_submission_whose_report_was_lost_is_adopted_not_submitted_twice_and_runs(slurm_site, slurm, monkeypatch):
     """The launcher dies between sbatch and its report (no report on disk either). Its next round gets
     the claim back with adopt: true, the job shell's mmt_find finds the pending job by its name, the

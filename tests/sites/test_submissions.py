@@ -4,6 +4,7 @@ job tokens per Job, adopt of unreported claims, reports (idempotent, masked), st
 cancellations, the config's claimable counts, and who may call what."""
 from __future__ import annotations
 
+import subprocess
 import threading
 import time
 from collections import Counter
@@ -276,16 +277,29 @@ def test_a_stop_while_submitting_becomes_a_cancellation_when_the_report_arrives(
 
 # Config -------------------------------------------------------------------------------------------
 
-def test_the_config_counts_claimable_jobs_and_long_polls_only_while_there_is_nothing_to_do(world, site, lclient):
-    body = lclient.get("/api/launcher/config?wait=0").json()
-    assert body["sites"][0]["claimable"] == 0 and body["checks"] == [] and body["cancellations"] == []
-    assert body["sites"][0]["keys"] == []
-    queue(site, world.member, world.project, 2)
+def answered_at_once(client, wait: float = 5) -> dict:
     started = time.monotonic()
-    body = lclient.get("/api/launcher/config?wait=5").json()
+    body = client.get(f"/api/launcher/config?wait={wait}").json()
     assert time.monotonic() - started < 2, "work waiting: answered at once"
+    return body
+
+
+def test_the_config_counts_claimable_jobs_and_long_polls_only_while_there_is_nothing_to_do(world, site, lclient,
+                                                                                         tmp_path):
+    body = answered_at_once(lclient)
+    assert body["sites"][0]["claimable"] == 0 and body["checks"] == [] and body["cancellations"] == []
+    assert body["sites"][0]["keys"] == [], "no key yet: the launcher has one to make, so it is not held"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp_path / "key")], check=True)
+    public = (tmp_path / "key.pub").read_text()
+    assert lclient.post("/api/launcher/keys", {"computer": site.pk, "user": None, "public_key": public},
+                        format="json").status_code == 200
+    queue(site, world.member, world.project, 2)
+    body = answered_at_once(lclient)
     assert body["sites"][0]["claimable"] == 2
-    claim(lclient, site)
+    items = claim(lclient, site)
+    body = answered_at_once(lclient)
+    assert body["sites"][0]["claimable"] == 2, "claimed but unreported: the next claim adopts them"
+    report(lclient, [i for item in items for i in item["job_ids"]], scheduler_job_id="4242")
     started = time.monotonic()
     lclient.get("/api/launcher/config?wait=1.5")
     assert time.monotonic() - started >= 1.4, "nothing to do: held"
