@@ -63,6 +63,7 @@ schema: venv
 # Benchmarks print `name: value unit` lines next to a baseline measured in the same run.
 bench: venv
 	$(PY) bench/claim_throughput.py
+	$(PY) bench/relay_throughput.py
 
 clean:
 	rm -rf $(VENV) var
