@@ -3,6 +3,7 @@ settings stay as they are (seed 002 "Change or disable a target")."""
 from __future__ import annotations
 
 from django.apps import apps
+from django.db.models import Q
 
 LOCKED_FIELDS = ["kind", "host", "port", "ssh_user", "ssh_key_path", "known_hosts_path", "runtimes", "gpu_ids",
                  "dataset_transfer", "dataset_cache_limit_gib"]
@@ -16,7 +17,9 @@ def active_jobs(target):
         return []
     from jobs.choices import ACTIVE_STATUSES
 
-    return job_model.objects.filter(target=target, status__in=ACTIVE_STATUSES)
+    # A cluster job holds every computer one of its replicas runs on, not only main1's.
+    return job_model.objects.filter(Q(target=target) | Q(replicas__target=target),
+                                    status__in=ACTIVE_STATUSES).distinct()
 
 
 def locked_changes(target, changes: dict, jobs=None) -> list[str]:

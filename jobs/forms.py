@@ -13,6 +13,7 @@ from django.utils.translation import gettext_lazy as _
 from computers import access as computer_access
 from computers.choices import Runtime
 from computers.models import ComputeGroup, ComputeTarget
+from datasets import services as dataset_services
 from jobs.choices import MAX_CLUSTER_SIZE, ClusterMode
 from jobs.services import CONTAINER_RUNTIMES
 from mado.forms import add_service_error as shared_add_service_error
@@ -62,6 +63,10 @@ class JobForm(forms.Form):
     gpu_ids = OpenMultipleChoiceField(label=_("GPU IDs"), required=False, widget=forms.CheckboxSelectMultiple,
                                       help_text=_("The checked GPUs are reserved for this Job and not given to "
                                                   "other Jobs. None checked: the Job runs on CPU only."))
+    input_datasets = OpenMultipleChoiceField(
+        label=_("Input datasets"), required=False, widget=forms.CheckboxSelectMultiple,
+        help_text=_("Dataset versions copied into the computer's dataset cache before the Job starts; the Job finds "
+                    "them through MMT_INPUT_DATASET_DIRS (read-only)."))
     walltime = forms.CharField(label=_("Walltime"), max_length=40, required=False,
                                widget=forms.TextInput(attrs={"placeholder": "2h30m"}),
                                help_text=_("Longest run time, such as 90m, 2h30m, 1d or 01:30:00. "
@@ -83,8 +88,10 @@ class JobForm(forms.Form):
     compute_group = OpenChoiceField(label=_("Compute group"), required=False,
                                     help_text=_("Where a multi-node cluster Job runs."))
 
-    def __init__(self, data=None, *, user, initial=None):
+    def __init__(self, data=None, *, user, project=None, initial=None):
         super().__init__(data, initial=initial)
+        self.fields["input_datasets"].choices = (dataset_services.input_choices(user, project)
+                                                 if project is not None else [])
         self.computers = list(computer_access.usable_by(user).filter(enabled=True).order_by("name"))
         self.fields["computer"].choices = [("", "—")] + [(str(c.pk), c.name) for c in self.computers]
         if len(self.computers) == 1 and not self._raw("computer"):
@@ -161,7 +168,7 @@ class JobForm(forms.Form):
         values = {"name": data["name"], "computer": data["computer"], "runtime": data["runtime"] or None,
                   "image": data["image"], "command": data["command"], "requirements": data["requirements"],
                   "parameters": data["parameters"], "gpu_ids": list(data["gpu_ids"]),
-                  "walltime_seconds": data["walltime"]}
+                  "walltime_seconds": data["walltime"], "input_datasets": list(data.get("input_datasets") or [])}
         size = data.get("cluster_size") or 1
         if size > 1:
             # Resources are per replica (docs/cluster-jobs.md): GPUs per replica replace GPU IDs.

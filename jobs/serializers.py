@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from django.conf import settings
 
+from datasets import services as dataset_services
 from jobs import access, cluster
 from jobs.models import Job
 
@@ -61,6 +62,7 @@ def worker_job_payload(job: Job, token: str | None) -> dict:
         "gpu_ids": job.gpu_ids,
         "walltime_seconds": job.walltime_seconds,
         "cancel_requested": job.stop_requested_at is not None,
+        "input_datasets": dataset_services.claim_payload(job),
         "api_url": settings.PUBLIC_URL,
         "computer": worker_computer(target),
         **worker_cluster(job),

@@ -20,6 +20,7 @@ from django.utils.dateparse import parse_datetime
 from computers import access as computer_access
 from computers.choices import Runtime
 from computers.models import ComputeGroup, ComputeTarget
+from datasets import services as dataset_services
 from jobs import access, cluster, outputs
 from jobs.choices import HELD_STATUSES, MAIN_REPLICA, SITE_ACTIVE_STATUSES, ClusterMode, EndReason, JobStatus, Stream
 from jobs.models import GpuReservation, Job, JobEvent, LogChunk, Metric
@@ -33,6 +34,7 @@ from workers.longpoll import notify
 from workers.models import Worker
 
 JOBS_CHANNEL = "mado_jobs"
+CLUSTER_CAPABILITY = "cluster_jobs"  # in a worker's hello: it runs every replica of a cluster job
 CLAIM_BATCH = 32
 CONTAINER_RUNTIMES = (Runtime.DOCKER, Runtime.APPTAINER, Runtime.SINGULARITY)
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
@@ -52,7 +54,9 @@ def create_job(actor: Actor, project, data: dict) -> Job:
         values, errors = _clean_job(user, project, data)  # locks the computer row until the job is in
         if errors:
             raise _invalid(errors)
+        inputs = values.pop("input_datasets")
         job = Job.objects.create(project=project, created_by=user, **values)
+        dataset_services.attach_inputs(job, inputs)
         _event(job, "created", f"Created by {user.username}")
         audit(actor, "job.create", job, project=project,
               after={"computer": job.target.name, "runtime": job.runtime, "gpu_ids": job.gpu_ids,
@@ -135,6 +139,16 @@ def _clean_job(user, project, data: dict) -> tuple[dict, dict]:
     except ServiceError as error:
         errors.update(error.fields)
     values["name"] = str(data.get("name") or "")[:200]
+    try:
+        values["input_datasets"] = dataset_services.clean_input_datasets(user, project, data.get("input_datasets"))
+    except ServiceError as error:
+        values["input_datasets"] = []
+        errors.update(error.fields)
+    target = values.get("target")
+    if values["input_datasets"] and target is not None and target.kind == "site":
+        # The site runner does not fetch datasets yet: refuse rather than run without them.
+        errors["input_datasets"] = [f"{target.name} is a site: input datasets reach SSH and Local computers only "
+                                    "for now. Copy the data to the site's working directory instead."]
     return values, errors
 
 
@@ -237,6 +251,9 @@ def _claimable(worker: Worker):
     in_its_group = spread & Q(compute_group__in=ComputeGroup.objects.filter(
         computers__in=served.values("pk")).values("pk"))
     queued = Job.objects.filter(status=JobStatus.QUEUED)
+    if CLUSTER_CAPABILITY not in (worker.capabilities or []):
+        # A worker that cannot start replicas would run main1 alone: cluster jobs wait for one that can.
+        queued = queued.filter(cluster_size=1)
     return queued.filter(on_its_computer | in_its_group).order_by("created_at", "id")
 
 

@@ -109,7 +109,7 @@ def _manual_for(request, job: Job) -> dict | None:
 def job_create(request, project):
     project = identity.project_for_user(request.user, project, Role.MEMBER)
     if request.method == "POST":
-        form = JobForm(request.POST, user=request.user)
+        form = JobForm(request.POST, user=request.user, project=project)
         if form.is_valid():
             try:
                 job = services.create_job(Actor.from_request(request), project, form.service_data())
@@ -120,7 +120,7 @@ def job_create(request, project):
     else:
         # Choosing another computer reloads the fields that depend on it (HTMX), or the whole form
         # (the Show options button without JavaScript); what was typed comes along in the query.
-        form = JobForm(user=request.user, initial=_initial_from(request.GET))
+        form = JobForm(user=request.user, project=project, initial=_initial_from(request.GET))
     context = {"project": project, "form": form, "manual": _manual_target(request, form.target, project)}
     if request.htmx and request.GET.get("fragment") == "computer":
         return render(request, "jobs/partials/_computer_fields.html", context)

@@ -16,6 +16,12 @@ def gpu_computer(owner, name="gpu-host-1", *, gpus=("0", "1", "2", "3"), concurr
 
 
 class JobWorker(ScriptedWorker):
+    """A worker that runs jobs, cluster jobs included (it says so in its hello)."""
+
+    def __init__(self, token: str, worker_id: str = "lab-worker-1", **kwargs):
+        kwargs.setdefault("capabilities", ("checks", "reads", "key_candidates", "jobs", "cluster_jobs"))
+        super().__init__(token, worker_id, **kwargs)
+
     def claim(self, active=(), wait=0):
         response = self.post("/api/worker/claim", {"active_job_ids": list(active), "wait": wait})
         assert response.status_code == 200, response.content

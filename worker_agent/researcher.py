@@ -160,6 +160,8 @@ def _upload_source(api: Api, project: str, directory: Path) -> dict:
 @click.option("--source", type=click.Path(exists=True, file_okay=False), help="A directory uploaded as the source.")
 @click.option("--git", "git_source", help="A git source as URL@REF.")
 @click.option("--param", "params", multiple=True, help="A parameter NAME=VALUE (JSON values allowed); repeat.")
+@click.option("--input-dataset", "input_datasets", type=click.IntRange(1), multiple=True,
+              help="A dataset version ID the job reads (MMT_INPUT_DATASET_DIRS); repeat for more.")
 @click.option("--walltime", type=click.IntRange(1, 30 * 24 * 3600), help="Seconds before the job is stopped.")
 @click.option("--name", default="", help="The run name.")
 @click.option("--cluster-size", type=click.IntRange(1, 64), default=1, show_default=True,
@@ -170,7 +172,8 @@ def _upload_source(api: Api, project: str, directory: Path) -> dict:
 @click.option("--gpus-per-replica", type=click.IntRange(0, 64), help="GPUs each replica gets (cluster jobs).")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED, required=True)
 @click.pass_context
-def jobs_create(ctx, computer, runtime, image, gpus, requirements, source, git_source, params, walltime, name,
+def jobs_create(ctx, computer, runtime, image, gpus, requirements, source, git_source, params, input_datasets,
+                walltime, name,
                 cluster_size, cluster_mode, compute_group, gpus_per_replica, command):
     """Queue COMMAND on a computer, e.g. `mado-tracking jobs create --computer 3 -- python train.py`,
     or N replicas of it: `--cluster-size 3 --cluster-mode multi-node --compute-group lab-nodes`."""
@@ -189,6 +192,8 @@ def jobs_create(ctx, computer, runtime, image, gpus, requirements, source, git_s
                                                                            compute_group, gpus_per_replica)}
     if walltime:
         body["walltime_seconds"] = walltime
+    if input_datasets:
+        body["input_datasets"] = list(input_datasets)
     if requirements:
         body["requirements"] = Path(requirements).read_text()
     if git_source:

@@ -87,6 +87,17 @@ class TestSingleNode:
         assert not GpuReservation.objects.filter(job_id=item["id"]).exists()
         assert job_worker.claim()["gpu_ids"] == ["3"]
 
+    def test_a_worker_that_does_not_run_replicas_never_gets_a_cluster_job(self, world, gpu_box, job_worker):
+        from tests.job_fixtures import JobWorker
+
+        old = JobWorker(world.worker_token, "old-worker", capabilities=("checks", "reads", "jobs"))
+        assert old.hello().status_code == 200
+        create(world, computer=gpu_box.pk, cluster_size=2, gpus_per_replica=1)
+        ordinary = create(world, computer=gpu_box.pk, gpu_ids=["3"])
+        assert old.claim()["id"] == ordinary["id"], "the ordinary job, not main1 of the cluster job alone"
+        assert old.claim(active=[ordinary["id"]]) is None
+        assert job_worker.claim()["replicas"][1]["name"] == "sub1"
+
     def test_a_job_needing_more_gpus_than_the_computer_has_stays_queued_with_its_reason(self, world, gpu_box,
                                                                                         job_worker):
         big = create(world, computer=gpu_box.pk, cluster_size=3, gpus_per_replica=2)
@@ -133,6 +144,18 @@ class TestMultiNode:
         assert body["computer"]["name"] == "node-b" and body["status"] == "claimed"
         assert [r["computer"]["name"] for r in body["replicas"]] == ["node-b", "node-b", "node-a"]
         assert GpuReservation.objects.count() == 6
+
+    def test_a_computer_running_only_a_sub_keeps_its_gpus_while_the_job_runs(self, world, lab_nodes, node_a,
+                                                                          job_worker):
+        """Seed 002: GPUs cannot change while Jobs use the computer — a replica counts, not only main1."""
+        create(world, cluster_size=3, cluster_mode="multi-node", compute_group=lab_nodes.pk, gpus_per_replica=2)
+        item = job_worker.claim()
+        assert item["replicas"][2]["computer"]["name"] == "node-a" and item["computer"]["name"] == "node-b"
+        admin = session(world.global_admin)
+        assert_error(admin.patch(f"/api/computers/{node_a.pk}", {"gpu_ids": ["0"]}, format="json"), 409,
+                     "computer_in_use")
+        assert job_worker.complete(item).status_code == 200
+        assert admin.patch(f"/api/computers/{node_a.pk}", {"gpu_ids": ["0"]}, format="json").status_code == 200
 
     def test_too_big_for_the_whole_group_stays_queued_holding_nothing(self, world, lab_nodes, job_worker):
         job = create(world, cluster_size=4, cluster_mode="multi-node", compute_group=lab_nodes.pk,

@@ -104,7 +104,8 @@ def test_a_storm_of_ordinary_and_cluster_claims_never_leaves_a_partial_reservati
     targets = [gpu_computer(world.global_admin, f"node-{i}", gpus=GPUS, concurrency=4) for i in range(4)]
     group = make_group(world, "storm-nodes", targets)
     token = ApiToken.objects.get(prefix=world.worker_token[:12])
-    workers = [Worker.objects.create(token=token, project=world.project, worker_id=f"storm-{i}")
+    workers = [Worker.objects.create(token=token, project=world.project, worker_id=f"storm-{i}",
+                                     capabilities=["jobs", "cluster_jobs"])
                for i in range(WORKERS)]
     _queue(world, targets, group)
     problems: list[str] = []

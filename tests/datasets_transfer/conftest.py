@@ -1,10 +1,7 @@
 """Fixtures of the dataset transfer tests: versions made on the server's storage, the cache program
 run as a local process, and (for the end-to-end tests) the jobs of tests/agent_e2e_jobs with input
-versions.
-
-Until jobs/serializers.worker_job_payload carries `input_datasets` itself (the hook of issue 8), the
-`inputs_in_claims` fixture adds exactly that line around it in the live server: the claim answers
-then hold `datasets.services.claim_payload(job)`, as they will with the hook."""
+versions (created through jobs.services.create_job with `input_datasets`, as the API and the New job
+form do)."""
 from __future__ import annotations
 
 import hashlib
@@ -18,7 +15,6 @@ import threading
 from pathlib import Path
 
 import pytest
-from django.db import transaction
 
 from datasets import services
 from datasets.models import Dataset, DatasetFile
@@ -153,29 +149,12 @@ def cache(tmp_path) -> Cache:
     return Cache(tmp_path / "work")
 
 
-@pytest.fixture
-def inputs_in_claims(monkeypatch):
-    import workers.api
-
-    original = workers.api.worker_job_payload
-
-    def payload(job, token):
-        body = original(job, token)
-        body.setdefault("input_datasets", services.claim_payload(job))
-        return body
-
-    monkeypatch.setattr(workers.api, "worker_job_payload", payload)
-
-
 def create_job_with_inputs(e2e, versions, **data):
-    """A job as the New job form will make it: created and its inputs recorded in one transaction."""
+    """A job as the API and the New job form make it: its input versions checked and recorded with it."""
     from jobs import services as job_services
 
-    body = {"computer": e2e.computer.pk, "runtime": "python", **data}
-    with transaction.atomic():
-        job = job_services.create_job(Actor(e2e.world.member), e2e.world.project, body)
-        services.attach_inputs(job, list(versions))
-    return job
+    body = {"computer": e2e.computer.pk, "runtime": "python", "input_datasets": [v.pk for v in versions], **data}
+    return job_services.create_job(Actor(e2e.world.member), e2e.world.project, body)
 
 
 def tree(directory: Path) -> dict[str, bytes]:

@@ -22,7 +22,7 @@ BIG = 40 * MB  # the issue's 200 MB check runs in bench/relay_throughput.py (see
 
 
 @pytest.fixture
-def version(e2e, settings, tmp_path, inputs_in_claims):
+def version(e2e, settings, tmp_path):
     settings.MEDIA_ROOT = tmp_path / "media"
     files = sample_files(300, BIG)
     return make_version(e2e.world.member, e2e.world.project, "speech", files), files
@@ -124,7 +124,7 @@ class CorruptingPort:
         self.listener.close()
 
 
-def test_a_byte_corrupted_in_transit_fails_the_job(e2e, settings, tmp_path, inputs_in_claims, live_server):
+def test_a_byte_corrupted_in_transit_fails_the_job(e2e, settings, tmp_path, live_server):
     settings.MEDIA_ROOT = tmp_path / "media"
     marker = hashlib.sha256(b"corrupt me").digest()
     files = dict(sample_files(20, 0), **{"needle.bin": marker * 4096})

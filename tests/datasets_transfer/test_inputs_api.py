@@ -5,15 +5,15 @@ from storage is 404."""
 from __future__ import annotations
 
 import pytest
-from django.db import transaction
 
 from datasets import services
 from datasets.models import DatasetVersion
 from jobs import services as job_services
 from mado.errors import ServiceError
 from mado.services import Actor
-from tests.datasets_transfer.conftest import inputs_in_claims, make_version, manifest_of, sample_files  # noqa: F401
+from tests.datasets_transfer.conftest import make_version, manifest_of, sample_files  # noqa: F401
 from tests.job_fixtures import gpu_box, job_request, job_worker  # noqa: F401
+from tests.sites.conftest import host_keys, launcher, make_site, site_fields  # noqa: F401
 
 
 @pytest.fixture
@@ -64,10 +64,9 @@ def other_project(world):
 
 
 @pytest.fixture
-def claimed(world, version, gpu_box, job_worker, inputs_in_claims):
-    with transaction.atomic():
-        job = job_services.create_job(Actor(world.member), world.project, job_request(gpu_box))
-        services.attach_inputs(job, [version])
+def claimed(world, version, gpu_box, job_worker):
+    job = job_services.create_job(Actor(world.member), world.project,
+                                  {**job_request(gpu_box), "input_datasets": [version.pk]})
     item = job_worker.claim()
     assert item["id"] == job.pk
     return job, item
@@ -136,3 +135,13 @@ def test_cache_usage_reports_are_checked(claimed, job_worker, world):
                                                            "pinned_count": 1})
     assert good.status_code == 200
     assert job.target.dataset_cache_report.used_bytes == 5
+
+
+def test_a_site_job_with_input_datasets_is_refused_rather_than_run_without_them(world, version, make_site):  # noqa: F811
+    """The site runner does not fetch datasets: creating such a Job says so instead of losing the inputs."""
+    target = make_site(world.project_admin, visibility="public")
+    with pytest.raises(ServiceError) as refused:
+        job_services.create_job(Actor(world.project_admin), world.project,
+                                {"computer": target.pk, "runtime": target.runtimes[0], "image": "img.sif",
+                                 "command": ["python", "train.py"], "input_datasets": [version.pk]})
+    assert "input datasets reach SSH and Local computers only" in refused.value.fields["input_datasets"][0]
