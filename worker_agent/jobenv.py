@@ -130,3 +130,94 @@ def secret_values(job: dict) -> list[str]:
     """Strings that must never appear in an argv, a log line the worker writes, or a state file."""
     token = str(job.get("job_token") or "")
     return [token] if token else []
+
+
+# -- cluster jobs (docs/cluster-jobs.md, "What the agent does" 4) ----------------------------------
+
+LOOPBACK = "127.0.0.1"
+CLUSTER_HOSTS_FILE = "cluster-hosts"  # in the replica's workspace (python runtime: MMT_CLUSTER_HOSTS_FILE)
+
+
+def replica_number(name: str) -> int:
+    """The number in a replica's name, as the peer counts: `main1` → 1, `sub2` → 2."""
+    digits = "".join(ch for ch in str(name) if ch.isdigit())
+    if not digits:
+        raise ValueError(f"replica name {name!r} has no number; replicas are named main1, sub1, sub2, …")
+    return int(digits)
+
+
+def cluster_environment(*, replica: dict, replicas: list[dict], mode: str, main_addr: str,
+                        master_port: int) -> dict[str, str]:
+    """The cluster variables of one replica. `replica` and `replicas` are items of the claim's
+    `replicas` (at least `index`, `name`, `role`); `main_addr` is main1's address as *this* replica
+    reaches it (see `main_address` for SSH and Local computers); `master_port` is the port chosen on
+    main1's computer, the same for every replica. GPU variables are not here: `gpu_variables`."""
+    ordered = sorted(replicas, key=lambda r: int(r["index"]))
+    size = len(ordered)
+    index = int(replica["index"])
+    name = str(replica["name"])
+    return {
+        "MMT_CLUSTER_HOST": name,
+        "MMT_CLUSTER_HOSTS": ",".join(str(r["name"]) for r in ordered),
+        "MMT_CLUSTER_IDX": str(replica_number(name)),
+        "MMT_CLUSTER_SIZE": str(size),
+        "MMT_CLUSTER_ROLE": str(replica.get("role") or ("main" if index == 0 else "sub")),
+        "MMT_CLUSTER_MODE": str(mode),
+        "MMT_CLUSTER_MAIN_ADDR": str(main_addr),
+        "MASTER_ADDR": str(main_addr),
+        "MASTER_PORT": str(int(master_port)),
+        "WORLD_SIZE": str(size),
+        "RANK": str(index),
+        "NODE_RANK": str(index),
+        # Each replica sees only its own GPUs, numbered from 0.
+        "LOCAL_RANK": "0",
+    }
+
+
+def computer_address(computer: dict) -> str:
+    """How other replicas reach a computer: its `host`; loopback for a Local computer."""
+    if str(computer.get("kind") or "") == "local" or not computer.get("host"):
+        return LOOPBACK
+    return str(computer["host"])
+
+
+def same_computer(a: dict, b: dict) -> bool:
+    if a.get("id") is not None and b.get("id") is not None:
+        return str(a["id"]) == str(b["id"])
+    return (a.get("host"), a.get("port")) == (b.get("host"), b.get("port"))
+
+
+def main_address(replica: dict, replicas: list[dict]) -> str:
+    """`MMT_CLUSTER_MAIN_ADDR` for `replica`: main1's computer's address, loopback when main1's
+    computer is a Local computer or the replica shares main1's computer."""
+    main = min(replicas, key=lambda r: int(r["index"]))
+    main_computer = dict(main.get("computer") or {})
+    if same_computer(dict(replica.get("computer") or {}), main_computer):
+        return LOOPBACK
+    return computer_address(main_computer)
+
+
+def hosts_file_text(replicas_with_addresses) -> str:
+    """The cluster hosts file: one `ADDRESS NAME` line per replica (main1 first). Takes a mapping
+    name → address, or replica dicts with `name` and `address` (and optionally `index`)."""
+    if isinstance(replicas_with_addresses, dict):
+        pairs = list(replicas_with_addresses.items())
+    else:
+        items = sorted(replicas_with_addresses, key=lambda r: int(r.get("index", 0)))
+        pairs = [(r["name"], r["address"]) for r in items]
+    lines = []
+    for name, address in pairs:
+        name, address = str(name), str(address)
+        if not name or not address or any(ch.isspace() for ch in name + address):
+            raise ValueError(f"hosts file entry {name!r} → {address!r} must be one word each")
+        lines.append(f"{address} {name}")
+    return "\n".join(lines) + "\n"
+
+
+def docker_add_hosts(replicas_with_addresses) -> list[str]:
+    """`--add-host NAME:ADDRESS` per replica, for containers (the hosts file's lines as docker options)."""
+    args: list[str] = []
+    for line in hosts_file_text(replicas_with_addresses).splitlines():
+        address, name = line.split(" ", 1)
+        args += ["--add-host", f"{name}:{address}"]
+    return args
