@@ -98,6 +98,8 @@ def job_environment(job: dict, locations: Locations, *, docker: bool = False) ->
         env["MMT_INPUT_DATASET_DIRS"] = json.dumps(dataset_dirs(job, container=container), sort_keys=True)
         env["MMT_DATASET_VERSIONS_FILE"] = locations.datasets_file
     env.update(gpu_variables(list(job.get("gpu_ids") or []), docker=docker))
+    # One replica of a cluster job: its cluster variables (cluster_environment), put here by runtimes.build_spec.
+    env.update({str(k): str(v) for k, v in (job.get("cluster_env") or {}).items()})
     return env
 
 

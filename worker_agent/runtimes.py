@@ -169,8 +169,15 @@ def _check_mountable(path: str, forbidden: str, runtime: str) -> None:
                                                    "cannot bind-mount: choose a working directory without it.")
 
 
-def build_spec(job: dict, facts: TargetFacts, *, grace_seconds: float = DEFAULT_GRACE) -> dict:
-    """The spec for `supervisor.py start`, for a claimed `job` (the claim payload)."""
+def build_spec(job: dict, facts: TargetFacts, *, grace_seconds: float = DEFAULT_GRACE,
+               cluster: dict | None = None) -> dict:
+    """The spec for `supervisor.py start`, for a claimed `job` (the claim payload).
+
+    `cluster`, for one replica of a cluster job (docs/cluster-jobs.md): `name` (main1, sub1, …), `env`
+    (`jobenv.cluster_environment`) and `hosts` (replica name → address). The replica gets its own
+    workspace `<working_dir>/.mmt/jobs/<jobId>-<name>/` (replicas may share a computer), the hosts file
+    `inputs/cluster-hosts` named by MMT_CLUSTER_HOSTS_FILE, and in Docker `--add-host` per replica.
+    `job`'s `computer` and `gpu_ids` must be the replica's own."""
     computer = job.get("computer") or {}
     working_dir = str(computer.get("working_dir") or "").rstrip("/")
     if not working_dir.startswith("/"):
@@ -180,8 +187,10 @@ def build_spec(job: dict, facts: TargetFacts, *, grace_seconds: float = DEFAULT_
     if not command:
         raise RuntimeRefused("command_missing", "The job has no command.")
     runtime = str(job.get("runtime") or "python")
-    job_id = str(job["id"])
+    job_id = str(job["id"]) if not cluster else f"{job['id']}-{cluster['name']}"
     job_dir = workspace(working_dir, job_id)
+    if cluster:
+        job = _with_cluster(job, cluster, container=runtime in ("docker", *CONTAINER_RUNTIMES), job_dir=job_dir)
     host = jobenv.host_locations(job_dir)
     gpu_ids = [str(g) for g in job.get("gpu_ids") or []]
     has_source = bool(job.get("source"))
@@ -198,13 +207,17 @@ def build_spec(job: dict, facts: TargetFacts, *, grace_seconds: float = DEFAULT_
         "files": [{"path": "inputs/parameters.json", "content": parameters, "mode": 0o600}],
         "secrets": jobenv.secret_values(job),
     }
+    if cluster:
+        spec["files"].append({"path": CLUSTER_HOSTS_PATH, "mode": 0o644,
+                              "content": jobenv.hosts_file_text(cluster.get("hosts") or {})})
     if job.get("input_datasets"):
         spec["files"].append({"path": "inputs/datasets.json", "mode": 0o600, "content": jobenv.dataset_versions_file(
             job, container=runtime in ("docker", *CONTAINER_RUNTIMES))})
     if runtime == "python":
         spec.update(_python(job, computer, working_dir, command, host, has_source))
     elif runtime == "docker":
-        spec.update(_docker(job, facts, job_dir, command, gpu_ids, has_source))
+        spec.update(_docker(job, facts, job_dir, command, gpu_ids, has_source, job_id=job_id,
+                            add_hosts=jobenv.docker_add_hosts(cluster["hosts"]) if cluster else []))
         spec["files"].append({"path": "container.env", "content": spec.pop("container_env"), "mode": 0o600})
     elif runtime in CONTAINER_RUNTIMES:
         spec.update(_apptainer(job, facts, runtime, working_dir, job_dir, command, gpu_ids, has_source))
@@ -212,6 +225,17 @@ def build_spec(job: dict, facts: TargetFacts, *, grace_seconds: float = DEFAULT_
         raise RuntimeRefused("runtime_unsupported", f"The worker cannot run the runtime {runtime!r}.")
     spec["spec_hash"] = spec_hash(spec)
     return spec
+
+
+CLUSTER_HOSTS_PATH = f"inputs/{jobenv.CLUSTER_HOSTS_FILE}"
+
+
+def _with_cluster(job: dict, cluster: dict, *, container: bool, job_dir: str) -> dict:
+    """The job as one replica sees it: the cluster variables join its env (the job's own env cannot set
+    MMT_ names, so they are added after jobenv's filter, through `cluster_env`)."""
+    inputs = jobenv.container_locations().inputs_dir if container else jobenv.host_locations(job_dir).inputs_dir
+    env = dict(cluster.get("env") or {}, MMT_CLUSTER_HOSTS_FILE=f"{inputs}/{jobenv.CLUSTER_HOSTS_FILE}")
+    return dict(job, cluster_env=env)
 
 
 def _python(job, computer, working_dir, command, host, has_source) -> dict:
@@ -248,10 +272,9 @@ def _mounts(job: dict, job_dir: str, has_source: bool) -> list[tuple[str, str, b
     return mounts
 
 
-def _docker(job, facts, job_dir, command, gpu_ids, has_source) -> dict:
+def _docker(job, facts, job_dir, command, gpu_ids, has_source, *, job_id: str, add_hosts: list[str]) -> dict:
     image = _check_image(str(job.get("image") or ""), "docker")
     _check_mountable(job_dir, ',"', "docker")
-    job_id = str(job["id"])
     name = f"mmt-job-{job_id}"
     inside = jobenv.container_locations()
     env = jobenv.job_environment(job, inside, docker=True)
@@ -261,7 +284,7 @@ def _docker(job, facts, job_dir, command, gpu_ids, has_source) -> dict:
                                                       "remove them from the job's environment.")
     create = ["docker", "container", "create", "--pull", "never", "--name", name, "--restart", "no", "--init",
               "--network", "host", "--user", f"{facts.uid}:{facts.gid}", "--env-file", f"{job_dir}/container.env",
-              "--label", f"mado.job={job_id}", "--label", f"mado.lease={lease_hash(job['lease_id'])}"]
+              "--label", f"mado.job={job_id}", "--label", f"mado.lease={lease_hash(job['lease_id'])}", *add_hosts]
     for src, dst, readonly in _mounts(job, job_dir, has_source):
         create += ["--mount", f"type=bind,src={src},dst={dst}" + (",readonly" if readonly else "")]
     if gpu_ids:

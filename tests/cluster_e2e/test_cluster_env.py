@@ -47,3 +47,50 @@ def test_hosts_file_and_docker_add_host():
         "--add-host", "main1:10.0.0.1", "--add-host", "sub1:10.0.0.2"]
     with pytest.raises(ValueError, match="one word"):
         jobenv.hosts_file_text({"main1": "10.0.0.1 evil"})
+
+
+def replica_job(**changes) -> dict:
+    job = {"id": 12, "lease_id": "6c1f3a52-8d0e-4b7a-9e21-3f5d7c9b1a04", "job_token": "mmtj_secret", "project_id": 1,
+           "runtime": "python", "image": "", "command": ["python", "train.py"], "source": None, "requirements": "",
+           "parameters": {}, "env": {"SEED": "7", "MMT_CLUSTER_HOST": "forged"}, "gpu_ids": ["2", "3"],
+           "walltime_seconds": None, "api_url": "https://mado.example.org",
+           "computer": {"id": 4, "name": "node-b", "kind": "ssh", "host": "10.0.0.2", "working_dir": "/data/mmt",
+                        "python_path": "/usr/bin/python3"}}
+    job.update(changes)
+    return job
+
+
+def cluster_arg() -> dict:
+    env = jobenv.cluster_environment(replica=REPLICAS[1], replicas=REPLICAS, mode="single-node",
+                                     main_addr="127.0.0.1", master_port=40001)
+    return {"name": "sub1", "env": env, "hosts": {"main1": "127.0.0.1", "sub1": "127.0.0.1", "sub2": "10.0.0.2"}}
+
+
+def test_a_python_replica_has_its_own_workspace_hosts_file_and_gpus():
+    from worker_agent.runtimes import TargetFacts, build_spec
+
+    spec = build_spec(replica_job(), TargetFacts(uid=1000, gid=1000), cluster=cluster_arg())
+    workspace = "/data/mmt/.mmt/jobs/12-sub1"
+    assert spec["job_id"] == "12-sub1" and spec["cwd"] == f"{workspace}/work"
+    env = spec["env"]
+    assert env["MMT_CLUSTER_HOST"] == "sub1", "the job's own env cannot forge a cluster variable"
+    assert (env["MMT_JOB_ID"], env["CUDA_VISIBLE_DEVICES"], env["MASTER_PORT"], env["RANK"]) == ("12", "2,3", "40001", "1")
+    assert env["MMT_CLUSTER_HOSTS_FILE"] == f"{workspace}/inputs/cluster-hosts"
+    hosts = next(f for f in spec["files"] if f["path"] == "inputs/cluster-hosts")
+    assert hosts["content"] == "127.0.0.1 main1\n127.0.0.1 sub1\n10.0.0.2 sub2\n"
+
+
+def test_a_docker_replica_gets_add_host_and_its_own_container():
+    from worker_agent.runtimes import TargetFacts, build_spec
+
+    spec = build_spec(replica_job(runtime="docker", image="pytorch:2"), TargetFacts(uid=1000, gid=1000),
+                      cluster=cluster_arg())
+    create = spec["docker"]["create"]
+    assert spec["docker"]["name"] == "mmt-job-12-sub1" and "mmt-job-12-sub1" in create
+    at = create.index("--add-host")
+    assert create[at:at + 6] == ["--add-host", "main1:127.0.0.1", "--add-host", "sub1:127.0.0.1",
+                                 "--add-host", "sub2:10.0.0.2"]
+    assert "--gpus" in create and '"device=2,3"' in create
+    env = next(f for f in spec["files"] if f["path"] == "container.env")["content"]
+    assert "MMT_CLUSTER_HOST=sub1\n" in env and "CUDA_VISIBLE_DEVICES=0,1\n" in env
+    assert "MMT_CLUSTER_HOSTS_FILE=/mmt/inputs/cluster-hosts\n" in env
