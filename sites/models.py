@@ -213,6 +213,10 @@ class Submission(models.Model):
     runner_id = models.UUIDField(null=True, blank=True)
     runner_hostname = models.CharField(max_length=255, blank=True)
     runner_started_at = models.DateTimeField(null=True, blank=True)
+    # A cluster job's runners, one per replica: {"sub1": {"runner_id", "hostname", "started_at",
+    # "running_at"?, "ended"?}}. runner_id/runner_hostname above are main1's; runner_started_at is the
+    # first replica's start.
+    replica_runners = models.JSONField(default=dict, blank=True)
     # A stop of a Job already in the scheduler: the launcher runs the job shell's mmt_cancel.
     cancel_state = models.CharField(max_length=8, choices=CancelState.choices, blank=True)
     cancel_requested_at = models.DateTimeField(null=True, blank=True)

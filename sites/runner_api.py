@@ -1,6 +1,8 @@
 """The runner API (docs/sites-protocol.md): the runner on a site's compute node reports its Job with
 the Job's job token, and only that Job. Every call names the runner (`runner_id`); a second runner of
-the same Job is refused with 409 runner_conflict. Thin views over sites.submissions."""
+the same Job is refused with 409 runner_conflict. A cluster job has one runner per replica: each
+starts with its `replica`, and a second runner of the same replica is the conflict. Thin views over
+sites.submissions."""
 from __future__ import annotations
 
 from django.http import FileResponse
@@ -83,7 +85,7 @@ class RunnerArtifactView(RunnerView):
     @extend_schema(operation_id="runner_artifact_upload", request={"application/octet-stream": OpenApiTypes.BINARY},
                    responses=OpenApiTypes.OBJECT)
     def put(self, request, job_id, path):
-        job = submissions.runner_job(job_id, request.query_params.get("runner_id"))
+        job = submissions.runner_job(job_id, request.query_params.get("runner_id"), uploading=True)
         artifact = outputs.receive_artifact(job, path, request._request, request.headers.get("Content-Range"))
         return Response({"path": artifact.path, "received_bytes": artifact.received_bytes,
                          "complete": artifact.complete})

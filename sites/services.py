@@ -286,10 +286,16 @@ def shell_values(target: ComputeTarget, jobs: list, *, work_dir: str | None = No
         work_dir = work_dir or mine.working_dir or None
     variables.update(shells.parse_variables(extra_variables or {}))
     spec_dir = spec_dir_for(work_dir or site.working_dir, first.pk)
+    cluster = first.cluster_size > 1
+    if cluster and len(jobs) != 1:
+        raise ServiceError("A cluster job is submitted alone, never in an array.", "invalid_submission")
     return shells.ShellValues(
         spec_dir=spec_dir, runner=runner or f"{spec_dir}/{RUNNER_NAME}", job_ids=[j.pk for j in jobs],
-        project_id=first.project_id, target_id=target.pk, gpu_count=first.gpu_count or 0,
-        walltime_seconds=first.walltime_seconds or DEFAULT_WALLTIME_SECONDS, variables=variables)
+        project_id=first.project_id, target_id=target.pk,
+        # A cluster job asks its GPUs per replica, and the scheduler's --gres counts per node.
+        gpu_count=first.gpus_per_replica if cluster else first.gpu_count or 0,
+        walltime_seconds=first.walltime_seconds or DEFAULT_WALLTIME_SECONDS, variables=variables,
+        cluster_size=first.cluster_size if cluster else 1)
 
 
 def render_submission(target: ComputeTarget, jobs: list, *, job_shell: JobShell | None = None,
@@ -301,6 +307,11 @@ def render_submission(target: ComputeTarget, jobs: list, *, job_shell: JobShell 
     if job_shell is None:
         raise ServiceError(f"{target.name} has no job shell yet; its owner saves one first.", "job_shell_missing")
     values = shell_values(target, jobs, **options)
+    if values.cluster_size > 1 and not shells.supports_clusters(job_shell.content):
+        # The job shell changed since the Job was created: it would start main1 alone.
+        raise ServiceError(f"Job shell version {job_shell.version} of {target.name} does not run cluster jobs (it "
+                           f"defines no {shells.CLUSTER_FUNCTION}); its owner restores it from the Slurm template.",
+                           "cluster_not_supported")
     title = (f"Mado Compute: job shell version {job_shell.version} of computer {target.pk} "
              f"(sha256 {job_shell.sha256[:12]}), Jobs {','.join(str(i) for i in values.job_ids)}")
     # Passed only when set, so the script of a first submission is what it always was.

@@ -14,6 +14,13 @@ the scheduler job id (nothing on hosts without a scheduler, where it finds the r
 running); status 1: not found, printed nothing; any other status: it could not tell, and the script
 fails without submitting.
 
+A fourth, `mmt_supports_clusters`, says the job shell runs cluster jobs (docs/cluster-jobs.md,
+"Sites"): given `MMT_CLUSTER_SIZE` N > 1, its mmt_submit asks the scheduler for N nodes and starts one
+runner per node, each learning its replica from `SLURM_PROCID` (or `MMT_REPLICA_INDEX`). Only its
+presence counts, never its output: the server lets cluster jobs reach a site only while the site's
+current job shell defines it (`runs_clusters`), and renders no cluster job with a shell that does not.
+The built-in Slurm template defines it; the others do not.
+
 Standard library only (plus mado.errors), so the rules can be read in one place."""
 from __future__ import annotations
 
@@ -40,7 +47,9 @@ DOTDOT = re.compile(r"(^|/)\.\.(/|$)")
 VARIABLE_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,63}$")
 SCHEDULER_ID = re.compile(r"^[A-Za-z0-9][\[\]A-Za-z0-9._:-]{0,199}$")
 FUNCTION = r"^[ \t]*(function[ \t]+{name}\b|{name}[ \t]*\([ \t]*\))"
+CLUSTER_FUNCTION = "mmt_supports_clusters"
 MAX_WORD_OR_PATH = 1024
+MAX_CLUSTER_SIZE = 64  # jobs.choices.MAX_CLUSTER_SIZE; kept here so this module stays standalone
 
 # Cancel command of each built-in template (None: no scheduler, the runner stops when asked).
 CANCEL_COMMANDS = {
@@ -110,6 +119,23 @@ def validate_content(content: str) -> None:
 def defines(content: str, name: str) -> bool:
     """Whether the job shell defines the function `name` (`name() {` or `function name`)."""
     return bool(re.search(FUNCTION.format(name=name), content, re.MULTILINE))
+
+
+def supports_clusters(content: str) -> bool:
+    """Whether a job shell declares that it starts one runner per replica (`mmt_supports_clusters`)."""
+    return defines(content, CLUSTER_FUNCTION)
+
+
+def runs_clusters(target) -> bool:
+    """The hook jobs.services asks at creation: whether cluster jobs may go to `target`. True for a site
+    whose current job shell defines mmt_supports_clusters (the Slurm template's does); False for every
+    other computer and job shell."""
+    if getattr(target, "kind", None) != "site":
+        return False
+    from sites.services import current_job_shell  # the database, only here: the rest stays standalone
+
+    shell = current_job_shell(target)
+    return shell is not None and supports_clusters(shell.content)
 
 
 def bash_syntax_error(content: str) -> str | None:
@@ -208,6 +234,8 @@ class ShellValues:
     gpu_count: int = 0
     walltime_seconds: int = DEFAULT_WALLTIME_SECONDS
     variables: dict[str, str] = field(default_factory=dict)
+    # A cluster job's replicas: one node and one runner each. 1 for every other Job.
+    cluster_size: int = 1
 
     def validate(self) -> None:
         errors: dict[str, list[str]] = {}
@@ -222,6 +250,10 @@ class ShellValues:
                 errors[name] = ["Must be a positive whole number of at most 9 digits."]
         if not _count(self.gpu_count):
             errors["gpu_count"] = ["The GPU count must be a whole number of at most 9 digits."]
+        if not _positive_count(self.cluster_size) or self.cluster_size > MAX_CLUSTER_SIZE:
+            errors["cluster_size"] = [f"The cluster size is a whole number from 1 to {MAX_CLUSTER_SIZE}."]
+        elif self.cluster_size > 1 and len(ids or []) != 1:
+            errors["cluster_size"] = ["A cluster job is submitted alone, never in an array."]
         if not _count(self.walltime_seconds) or self.walltime_seconds < 1:
             errors["walltime_seconds"] = ["The time limit must be 1 second or more, at most 9 digits."]
         try:
@@ -246,6 +278,10 @@ class ShellValues:
             "MMT_PROJECT_ID": str(self.project_id),
             "MMT_TARGET_ID": str(self.target_id),
         }
+        if self.cluster_size > 1:
+            # Only for cluster jobs, so every other script is what it always was.
+            env["MMT_CLUSTER_SIZE"] = str(self.cluster_size)
+            env["MMT_NODES"] = str(self.cluster_size)  # one node per replica
         env.update({f"MMT_VAR_{name}": value for name, value in self.variables.items()})
         return env
 

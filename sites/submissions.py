@@ -19,8 +19,8 @@ from django.utils import timezone
 from computers import access as computer_access
 from jobs import outputs
 from jobs import services as job_services
-from jobs.choices import SITE_ACTIVE_STATUSES, EndReason, JobStatus
-from jobs.models import Job
+from jobs.choices import MAIN_REPLICA, SITE_ACTIVE_STATUSES, EndReason, JobStatus
+from jobs.models import Job, JobReplica
 from jobs.serializers import worker_job_payload
 from mado import access as identity
 from mado import services as identity_services
@@ -157,12 +157,15 @@ def _manual_site(user, target) -> SiteSettings:
 def _claim(actor: Actor, site: SiteSettings, jobs, room: int, *, launcher: Launcher | None = None,
            submitted_by=None, work_dir: str | None = None, variables: dict | None = None) -> list[Batch]:
     """Take up to `room` Jobs (SKIP LOCKED) and group them: one requester and project with the same
-    GPU count and time limit make one array."""
+    GPU count and time limit make one array. A cluster job is always submitted alone (its one batch
+    job holds a node per replica)."""
     taken = list(jobs.select_for_update(skip_locked=True, of=("self",))
                  .select_related("project", "created_by", "target")[:CLAIM_SCAN])
     groups: dict[tuple, list[Job]] = {}
     for job in taken[:room]:
         key = (job.project_id, job.created_by_id, job.gpu_count or 0, job.walltime_seconds or DEFAULT_WALLTIME_SECONDS)
+        if job.is_cluster:
+            key = ("cluster", job.pk)
         groups.setdefault(key, []).append(job)
     batches = []
     for group in groups.values():
@@ -197,6 +200,10 @@ def _submit_group(actor, site, jobs, *, launcher, submitted_by, work_dir, variab
             array_index=index, account_name=account_name, work_dir=work_dir, lease_id=job.lease_id, claimed_at=now))
         _, tokens[job.pk] = identity_services.issue_job_token(job_id=job.pk, lease_id=job.lease_id,
                                                               project=job.project, user=job.created_by)
+        if job.is_cluster:
+            # The site is every replica's computer; its scheduler picks the nodes (one per replica).
+            JobReplica.objects.bulk_create([JobReplica(job=job, index=i, name=name, target=target, gpu_ids=[])
+                                            for i, name in enumerate(job.replica_names)], ignore_conflicts=True)
         job_services._event(job, "claimed", f"Claimed by {by} (job shell version {shell.version})")
         audit(actor, "job.claim", job, project=job.project,
               after={"batch": str(batch_id), "launcher": launcher.name if launcher else None,
@@ -273,10 +280,17 @@ def submission_summary(job: Job) -> dict | None:
     row = Submission.objects.filter(job_id=job.pk).select_related("job_shell").first()
     if row is None:
         return None
-    return {"status": row.status, "scheduler_job_id": row.scheduler_job_id or None,
-            "job_shell_version": row.job_shell.version, "array_index": row.array_index,
-            "reported_at": row.reported_at, "runner_hostname": row.runner_hostname or None,
-            "runner_started_at": row.runner_started_at}
+    summary = {"status": row.status, "scheduler_job_id": row.scheduler_job_id or None,
+               "job_shell_version": row.job_shell.version, "array_index": row.array_index,
+               "reported_at": row.reported_at, "runner_hostname": row.runner_hostname or None,
+               "runner_started_at": row.runner_started_at}
+    if job.is_cluster:
+        # Where each replica's runner started (main1's is runner_hostname as well).
+        runners = row.replica_runners or {}
+        summary["replica_runners"] = [{"replica": name, "hostname": (runners.get(name) or {}).get("hostname"),
+                                       "started_at": (runners.get(name) or {}).get("started_at")}
+                                      for name in job.replica_names]
+    return summary
 
 
 def runner_job_payload(job: Job, token: str | None, site: SiteSettings) -> dict:
@@ -452,7 +466,7 @@ def report_cancellation(launcher: Launcher, data: dict) -> dict:
             row.cancel_reported_at = now
             row.save(update_fields=["cancel_state", "cancel_error", "cancel_reported_at"])
             job = jobs[row.job_id]
-            if ok and row.runner_id is None and job.status in (JobStatus.SUBMITTING, JobStatus.SUBMITTED):
+            if ok and row.runner_started_at is None and job.status in (JobStatus.SUBMITTING, JobStatus.SUBMITTED):
                 _end(SYSTEM, job, JobStatus.CANCELED, EndReason.CANCELED)
             elif not ok and not job.is_terminal:
                 job_services._event(job, "cancel_failed", f"The scheduler did not cancel it: {row.cancel_error}")
@@ -461,8 +475,21 @@ def report_cancellation(launcher: Launcher, data: dict) -> dict:
 
 
 # The runner ---------------------------------------------------------------------------------------
+#
+# A cluster job has one runner per replica, all holding the Job's one job token: each starts with its
+# `replica` and is kept in Submission.replica_runners, so runner_conflict means the same replica
+# twice; every later call finds its replica by runner_id. The Job ends when main1 ends or a sub fails
+# (docs/cluster-jobs.md, "End"); the token goes with it, so the other runners meet 401 and stop.
 
-def _runner_locked(job_id: int, runner_id, *, starting: bool = False, ended_ok: bool = False):
+@dataclass
+class RunnerCall:
+    job: Job
+    row: Submission
+    runner_id: uuid.UUID
+    replica: str  # main1 for an ordinary Job; "" for a cluster job's runner not started yet
+
+
+def _runner_locked(job_id: int, runner_id, *, starting: bool = False, ended_ok: bool = False) -> RunnerCall:
     runner_id = _uuid(runner_id)
     job = (Job.objects.select_for_update(of=("self",)).select_related("project", "target", "created_by")
            .filter(pk=job_id).first())
@@ -475,11 +502,22 @@ def _runner_locked(job_id: int, runner_id, *, starting: bool = False, ended_ok: 
                        "not_a_site_job")
     if job.is_terminal and not ended_ok:
         raise Conflict(f"This Job already ended ({job.status}); stop the runner.", "job_ended")
+    if job.is_cluster:
+        replica = _replica_of(row, runner_id)
+        if not replica and not starting and not job.is_terminal:
+            raise Conflict("Call start with your replica first: no replica of this Job has this runner_id.",
+                           "runner_not_started")
+        return RunnerCall(job, row, runner_id, replica)
     if row.runner_id is None and not starting and not job.is_terminal:
         raise Conflict("Call start first: this Job has no runner yet.", "runner_not_started")
     if row.runner_id is not None and row.runner_id != runner_id:
         raise Conflict("Another runner already runs this Job; this one stops.", "runner_conflict")
-    return job, row, runner_id
+    return RunnerCall(job, row, runner_id, MAIN_REPLICA)
+
+
+def _replica_of(row: Submission, runner_id: uuid.UUID) -> str:
+    return next((name for name, entry in (row.replica_runners or {}).items()
+                 if entry.get("runner_id") == str(runner_id)), "")
 
 
 def runner_start(job_id: int, data: dict) -> Job:
@@ -494,7 +532,13 @@ def runner_start(job_id: int, data: dict) -> Job:
         raise ServiceError("scheduler_job_id holds letters, digits and . _ : - [ ] only.", "invalid",
                            fields={"scheduler_job_id": ["Invalid id."]})
     with transaction.atomic():
-        job, row, runner_id = _runner_locked(job_id, data.get("runner_id"), starting=True)
+        call = _runner_locked(job_id, data.get("runner_id"), starting=True)
+        job, row, runner_id = call.job, call.row, call.runner_id
+        if job.is_cluster:
+            return _start_replica(call, data.get("replica"), hostname, scheduler_id)
+        if data.get("replica") not in (None, "", MAIN_REPLICA):
+            raise ServiceError("This Job is not a cluster job: its only replica is main1.", "invalid",
+                               fields={"replica": ["main1 or absent."]})
         if row.runner_id is not None:
             return job  # the same runner's start resent
         now = timezone.now()
@@ -510,49 +554,126 @@ def runner_start(job_id: int, data: dict) -> Job:
     return job
 
 
+def _start_replica(call: RunnerCall, replica, hostname: str, scheduler_id: str) -> Job:
+    """One replica's runner of a cluster job: the first start moves the Job to waiting_resources."""
+    job, row = call.job, call.row
+    names = job.replica_names
+    if replica not in names:
+        raise ServiceError(f"replica is the one this runner runs: {', '.join(names[:8])}"
+                           + (" …" if len(names) > 8 else "") + " (the job shell starts one runner per replica, "
+                           "each learning its index from SLURM_PROCID).", "invalid",
+                           fields={"replica": ["One of the Job's replicas."]})
+    mine = (row.replica_runners or {}).get(replica)
+    if mine and mine.get("runner_id") == str(call.runner_id):
+        return job  # the same runner's start resent
+    if mine or call.replica:
+        taken = replica if mine else call.replica
+        raise Conflict(f"Another runner already runs {taken} of this Job; this one stops.", "runner_conflict")
+    now = timezone.now()
+    row.replica_runners = {**(row.replica_runners or {}),
+                           replica: {"runner_id": str(call.runner_id), "hostname": hostname,
+                                     "started_at": now.isoformat()}}
+    fields = ["replica_runners"]
+    if replica == MAIN_REPLICA:
+        row.runner_id, row.runner_hostname = call.runner_id, hostname
+        fields += ["runner_id", "runner_hostname"]
+    if row.runner_started_at is None:
+        row.runner_started_at = now
+        fields.append("runner_started_at")
+    if scheduler_id and not row.scheduler_job_id:
+        row.scheduler_job_id = scheduler_id
+        fields.append("scheduler_job_id")
+    row.save(update_fields=fields)
+    job.heartbeat_at = now
+    job_fields = ["heartbeat_at"]
+    if job.status in (JobStatus.SUBMITTING, JobStatus.SUBMITTED):
+        job.status = JobStatus.WAITING_RESOURCES
+        job_fields.append("status")
+    job.save(update_fields=job_fields)
+    job_services._event(job, "runner_started", f"Runner of {replica} started on {hostname or 'a compute node'}")
+    return job
+
+
 def runner_heartbeat(job_id: int, data: dict) -> Job:
     expire_overdue()
     status = data.get("status")
     if status not in (None, JobStatus.RUNNING):
         raise ServiceError("status in a heartbeat is only 'running'.", "invalid", fields={"status": ["running"]})
     with transaction.atomic():
-        job, _, _ = _runner_locked(job_id, data.get("runner_id"))
+        call = _runner_locked(job_id, data.get("runner_id"))
+        job = call.job
         now = timezone.now()
         job.heartbeat_at = now
         fields = ["heartbeat_at"]
-        if status == JobStatus.RUNNING and job.status == JobStatus.WAITING_RESOURCES:
+        running = status == JobStatus.RUNNING
+        if running and job.is_cluster:
+            running = _replica_running(call, now)
+        if running and job.status == JobStatus.WAITING_RESOURCES:
             job.status, job.started_at = JobStatus.RUNNING, now
             fields += ["status", "started_at"]
-            job_services._event(job, "started", "Started")
+            job_services._event(job, "started", f"Started: all {job.cluster_size} replicas run" if job.is_cluster
+                                else "Started")
         job.save(update_fields=fields)
     return job
 
 
+def _replica_running(call: RunnerCall, now) -> bool:
+    """Note that this replica's code runs; True once every replica's does (then the Job runs)."""
+    row = call.row
+    entry = row.replica_runners[call.replica]
+    if not entry.get("running_at"):
+        row.replica_runners = {**row.replica_runners, call.replica: {**entry, "running_at": now.isoformat()}}
+        row.save(update_fields=["replica_runners"])
+    return all((row.replica_runners.get(name) or {}).get("running_at") for name in call.job.replica_names)
+
+
 def runner_logs(job_id: int, data: dict) -> int:
     with transaction.atomic():
-        job, _, _ = _runner_locked(job_id, data.get("runner_id"))
-        return job_services.append_logs(job, data.get("chunks"))
+        call = _runner_locked(job_id, data.get("runner_id"))
+        chunks = data.get("chunks")
+        if call.job.is_cluster and isinstance(chunks, list):
+            chunks = [_own_replica(chunk, call.replica) for chunk in chunks]
+        return job_services.append_logs(call.job, chunks)
+
+
+def _own_replica(chunk, replica: str):
+    """A runner's chunk is its own replica's: `replica` may be left out, and may not name another."""
+    if not isinstance(chunk, dict):
+        return chunk  # append_logs says what a chunk is
+    if chunk.get("replica") not in (None, "", replica):
+        raise ServiceError(f"This runner runs {replica}; it sends only {replica}'s logs.", "invalid",
+                           fields={"chunks": ["Another replica's chunk."]})
+    return {**chunk, "replica": replica}
 
 
 def runner_metrics(job_id: int, data: dict) -> int:
     with transaction.atomic():
-        job, _, _ = _runner_locked(job_id, data.get("runner_id"))
-        return job_services.add_metrics(job, data.get("metrics"))
+        call = _runner_locked(job_id, data.get("runner_id"))
+        return job_services.add_metrics(call.job, data.get("metrics"))
 
 
 def runner_outputs(job_id: int, data: dict) -> list[str]:
     with transaction.atomic():
-        job, _, _ = _runner_locked(job_id, data.get("runner_id"))
+        job = _main_replica(_runner_locked(job_id, data.get("runner_id")))
         # The runner declares what the requester may: the scopes a personal token of theirs could hold.
         scopes = frozenset(identity_services.allowed_scopes(job.created_by, job.project, "personal"))
         return outputs.record_outputs(job, result_text=data.get("result"), files=data.get("files"),
                                       manifest_text=data.get("manifest"), token_scopes=scopes)
 
 
-def runner_job(job_id: int, runner_id) -> Job:
-    """The Job of a runner's binary call (artifact upload, source download), checked and unlocked."""
+def _main_replica(call: RunnerCall) -> Job:
+    if call.replica != MAIN_REPLICA:
+        raise Conflict(f"Only main1's outputs are collected; the runner of {call.replica} sends none.",
+                       "replica_outputs")
+    return call.job
+
+
+def runner_job(job_id: int, runner_id, *, uploading: bool = False) -> Job:
+    """The Job of a runner's binary call (an artifact upload, main1's only; the source download),
+    checked and unlocked."""
     with transaction.atomic():
-        job, _, _ = _runner_locked(job_id, runner_id)
+        call = _runner_locked(job_id, runner_id)
+        job = _main_replica(call) if uploading else call.job
     return job
 
 
@@ -563,17 +684,56 @@ def runner_finish(job_id: int, data: dict) -> Job:
     if not isinstance(error, str):
         raise ServiceError("error is text.", "invalid", fields={"error": ["Text expected."]})
     with transaction.atomic():
-        job, _, runner_id = _runner_locked(job_id, data.get("runner_id"), ended_ok=True)
+        call = _runner_locked(job_id, data.get("runner_id"), ended_ok=True)
+        job = call.job
         if job.is_terminal:
             if job.status == status:
                 return job  # the same finish resent
             raise Conflict(f"This Job already ended as {job.status}.", "job_already_completed")
-        reason = job_services.finish_completed(job, status, exit_code=exit_code, error=shells.stderr_tail(error),
-                                               end_reason=data.get("end_reason"))
+        end = _JobEnd(status, exit_code, data.get("end_reason"), error, "")
+        if job.is_cluster:
+            end = _replica_end(call, end)
+            if end is None:
+                return job  # a sub is done; the Job runs on until main1 ends
+        reason = job_services.finish_completed(job, end.status, exit_code=end.exit_code,
+                                               error=shells.stderr_tail(end.error), end_reason=end.reason,
+                                               replica=end.replica)
         audit(SYSTEM, "job.complete", job, project=job.project,
-              after={"status": status, "end_reason": reason, "exit_code": exit_code, "runner": str(runner_id)})
+              after={"status": end.status, "end_reason": reason, "exit_code": end.exit_code,
+                     "runner": str(call.runner_id), **({"replica": end.replica} if end.replica else {})})
     notify(job_services.JOBS_CHANNEL)
     return job
+
+
+@dataclass
+class _JobEnd:
+    status: str
+    exit_code: int | None
+    reason: str | None
+    error: str
+    replica: str
+
+
+def _replica_end(call: RunnerCall, end: _JobEnd) -> _JobEnd | None:
+    """How one replica's end ends its cluster Job; None when it does not (a sub that exited 0). A stop
+    and the time limit are the whole Job's (no replica named); main1's end is the Job's; a sub's
+    failure fails the Job naming it."""
+    name = call.replica
+    if end.status == JobStatus.CANCELED or end.reason == EndReason.TIMED_OUT:
+        return end
+    if name == MAIN_REPLICA:
+        end.replica = name
+        return end
+    if end.status == JobStatus.FINISHED:
+        row = call.row
+        row.replica_runners = {**row.replica_runners, name: {**row.replica_runners[name], "ended": end.status}}
+        row.save(update_fields=["replica_runners"])
+        job_services._event(call.job, "replica_ended", f"{name} finished (exit code 0); the Job runs until main1 ends")
+        return None
+    reason = EndReason.START_FAILED if end.reason == EndReason.START_FAILED else EndReason.REPLICA_FAILED
+    error = end.error or (f"{name} exited with code {end.exit_code}" if end.exit_code is not None
+                          else f"{name} failed")
+    return _JobEnd(JobStatus.FAILED, end.exit_code, reason, error, name)
 
 
 # Timeouts -----------------------------------------------------------------------------------------

@@ -9,7 +9,9 @@
 #   MMT_RUNNER            the runner program (it starts with the runner Python); argument: a spec directory
 #   MMT_JOB_IDS           the Jobs submitted together, comma-separated: one array task per Job
 #   MMT_ARRAY_SIZE        how many Jobs (1: no array)
-#   MMT_GPU_COUNT         GPUs for each Job
+#   MMT_GPU_COUNT         GPUs for each Job (for a cluster job: for each replica, that is each node)
+#   MMT_CLUSTER_SIZE      cluster jobs only: N replicas (main1, sub1, …), one runner each; unset means 1
+#   MMT_NODES             cluster jobs only: the nodes to ask for, one per replica (= MMT_CLUSTER_SIZE)
 #   MMT_WALLTIME_SECONDS  the time limit in seconds (default 3600)
 #   MMT_WALLTIME          the same as HH:MM:SS; hours may exceed 24
 #   MMT_PROJECT_ID, MMT_TARGET_ID
@@ -26,6 +28,11 @@
 #   status 0  found: prints the scheduler job id (nothing for hosts without a scheduler);
 #   status 1  not found: prints nothing, and mmt_submit runs;
 #   other     it could not tell (mmt_fail, 2): nothing is submitted and the try fails.
+#
+# mmt_supports_clusters (optional) declares that mmt_submit runs cluster jobs: with MMT_CLUSTER_SIZE
+# N > 1 it asks for MMT_NODES nodes and starts MMT_RUNNER once per node (each runner learns its replica
+# from SLURM_PROCID, or from MMT_REPLICA_INDEX 0 … N-1 that your script sets). Mado sends cluster jobs
+# only to job shells that define it; it is never called.
 
 # ---- Checks of every value Mado passes in. Keep them: they refuse injection attempts. ----
 
@@ -75,7 +82,26 @@ mmt_check_values() {
     [ "${#ids[@]}" -eq "$MMT_ARRAY_SIZE" ] || mmt_fail "MMT_ARRAY_SIZE must be the number of MMT_JOB_IDS."
     [ "$MMT_WALLTIME_SECONDS" -ge 1 ] || mmt_fail "MMT_WALLTIME_SECONDS must be at least 1."
     [[ ${MMT_WALLTIME-} =~ ^[0-9]{2,}:[0-5][0-9]:[0-5][0-9]$ ]] || mmt_fail "MMT_WALLTIME must be HH:MM:SS."
+    mmt_check_cluster_values
     mmt_check_variables
+}
+
+# A cluster job: alone (never an array), and only for a job shell that declares it runs them.
+mmt_check_cluster_values() {
+    : "${MMT_CLUSTER_SIZE:=1}" "${MMT_NODES:=1}"
+    mmt_count MMT_CLUSTER_SIZE
+    mmt_count MMT_NODES
+    if [ "$MMT_CLUSTER_SIZE" -lt 1 ] || [ "$MMT_CLUSTER_SIZE" -gt 64 ]; then
+        mmt_fail "MMT_CLUSTER_SIZE must be from 1 to 64."
+    fi
+    if [ "$MMT_NODES" -lt 1 ] || [ "$MMT_NODES" -gt "$MMT_CLUSTER_SIZE" ]; then
+        mmt_fail "MMT_NODES must be from 1 to MMT_CLUSTER_SIZE."
+    fi
+    if [ "$MMT_CLUSTER_SIZE" -gt 1 ]; then
+        [ "$MMT_ARRAY_SIZE" -eq 1 ] || mmt_fail "A cluster job (MMT_CLUSTER_SIZE > 1) is submitted alone, not in an array."
+        declare -F mmt_supports_clusters >/dev/null ||
+            mmt_fail "This job shell does not run cluster jobs (it defines no mmt_supports_clusters); submit it to a Slurm site."
+    fi
 }
 
 mmt_check_cancel_values() {

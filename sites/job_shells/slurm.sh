@@ -9,6 +9,12 @@ mmt_settings() {
     gres_type=${MMT_VAR_GPU_TYPE:-}              # --gres=gpu:<type>:N when set, else gpu:N
 }
 
+# This job shell runs cluster jobs: one node and one runner (srun) per replica. Delete this function
+# and Mado stops sending cluster jobs here.
+mmt_supports_clusters() {
+    return 0
+}
+
 mmt_submit() {
     local partition cpus account gres_type lead args out id
     exec 3>&1 1>&2  # only the job id goes to the real stdout (fd 3)
@@ -20,20 +26,41 @@ mmt_submit() {
     # The scheduler runs the runner itself (exec), so --signal=B:TERM reaches it before the limit.
     {
         mmt_batch_header
-        cat <<'BATCH'
+        if [ "$MMT_CLUSTER_SIZE" -gt 1 ]; then
+            printf 'export MMT_CLUSTER_SIZE=%q MMT_NODES=%q\n' "$MMT_CLUSTER_SIZE" "$MMT_NODES"
+            cat <<'BATCH'
+export MMT_ARRAY_INDEX=0 MMT_JOB_ID="$MMT_JOB_IDS"
+# The port main1's code listens on (MASTER_PORT): picked free here, on the first node, which is
+# main1's; the same for every replica. Without it each runner derives one from the job id.
+MMT_MASTER_PORT=$("$MMT_RUNNER" --free-port) || MMT_MASTER_PORT=
+export MMT_MASTER_PORT
+# One runner per node (main1 on this one); each learns its replica from SLURM_PROCID. srun hands
+# the scheduler's SIGTERM before the limit to every runner. A runner's exit status does not stop
+# the others: the server ends the Job and tells the other runners.
+exec srun --nodes="$MMT_NODES" --ntasks="$MMT_CLUSTER_SIZE" --ntasks-per-node=1 --kill-on-bad-exit=0 \
+    --cpus-per-task="${SLURM_CPUS_PER_TASK:-1}" "$MMT_RUNNER" "$MMT_SPEC_DIR"
+BATCH
+        else
+            cat <<'BATCH'
 mmt_index=${SLURM_ARRAY_TASK_ID:-0}
 IFS=, read -r -a mmt_ids <<<"$MMT_JOB_IDS"
 export MMT_ARRAY_INDEX="$mmt_index" MMT_JOB_ID="${mmt_ids[$mmt_index]}"
 mmt_job_spec_dir="${MMT_SPEC_DIR%/*}/$MMT_JOB_ID"  # each Job's own spec directory
 exec "$MMT_RUNNER" "$mmt_job_spec_dir"
 BATCH
+        fi
     } >"$MMT_SPEC_DIR/batch.sh"
     chmod 700 "$MMT_SPEC_DIR/batch.sh"
 
     args=(--parsable --job-name="$(mmt_job_name)")
     if [ -n "$partition" ]; then mmt_word partition; args+=(--partition="$partition"); fi
     mmt_count cpus
-    args+=(--nodes=1 --ntasks=1 --cpus-per-task="$cpus" --time="$MMT_WALLTIME" --signal="B:TERM@$lead"
+    if [ "$MMT_CLUSTER_SIZE" -gt 1 ]; then
+        args+=(--nodes="$MMT_NODES" --ntasks-per-node=1)  # one replica per node; --gres is per node
+    else
+        args+=(--nodes=1 --ntasks=1)
+    fi
+    args+=(--cpus-per-task="$cpus" --time="$MMT_WALLTIME" --signal="B:TERM@$lead"
         --no-requeue --export=ALL --chdir="$MMT_SPEC_DIR")
     if [ "$MMT_GPU_COUNT" -gt 0 ]; then
         if [ -n "$gres_type" ]; then

@@ -32,6 +32,18 @@ Network errors, timeouts, 429 and 5xx are retried with backoff (the Job keeps ru
 Job: the code is stopped and the runner exits 3. The token is never printed: every text that leaves
 the runner has it masked.
 
+Cluster jobs (docs/cluster-jobs.md, "Sites"): the job shell starts one runner per node (the Slurm
+template's `srun --ntasks-per-node=1`), all with the same spec directory. Each runner is one replica:
+its index comes from `MMT_REPLICA_INDEX` (an owner's job shell may set it), else `SLURM_PROCID`, else
+`SLURM_NODEID`; index 0 is main1, index i is sub<i>. The nodes come from `MMT_CLUSTER_NODES`
+(comma-separated) or `SLURM_JOB_NODELIST` (`scontrol show hostnames`), replica i on node i; every
+replica gets the cluster variables of `jobenv.cluster_environment` with `MASTER_ADDR` the first node's
+address (its NodeAddr, resolved) and `MASTER_PORT` the batch script's `MMT_MASTER_PORT` (picked free
+on the first node with `runner.py --free-port`), else 40000 + the job id mod 20000. Each replica has
+its own workspace `<working_dir>/.mmt/jobs/<jobId>-<replica>/`, starts with `replica` and sends its
+own logs; only main1 sends outputs. The server ends the Job when main1 ends or a sub fails; the other
+runners then meet 401 and stop their code. A sub that is stopped that way exits 0.
+
 Exit codes: 0 finished, 1 failed/canceled/timed out, 2 configuration error (bad spec directory,
 unreachable API), 3 the API refused the runner."""
 from __future__ import annotations
@@ -62,7 +74,7 @@ import uuid
 if __package__ in (None, ""):  # run as a file: python SPEC_DIR/lib/worker_agent/site/runner.py SPEC_DIR
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-from worker_agent import __version__, results, runtimes, supervisor
+from worker_agent import __version__, jobenv, results, runtimes, supervisor
 
 SPEC_FORMAT = 1
 SPEC_ROOT = ".mmt-submissions"
@@ -83,6 +95,9 @@ SCHEDULER_ID_VARIABLES = ("SLURM_JOB_ID", "PBS_JOBID", "JOB_ID", "PJM_JOBID")
 ENDED = supervisor.TERMINAL + ("absent", "refused")
 
 EXIT_OK, EXIT_FAILED, EXIT_CONFIG, EXIT_REFUSED = 0, 1, 2, 3
+REPLICA_INDEX_VARIABLES = ("MMT_REPLICA_INDEX", "SLURM_PROCID", "SLURM_NODEID")
+MASTER_PORT_BASE, MASTER_PORT_SPAN = 40000, 20000
+_label = ""  # the replica a cluster job's runner reports, in every note
 
 
 # -- errors ---------------------------------------------------------------------------------------
@@ -188,7 +203,7 @@ def note(text: str) -> None:
     """One line on stderr (the scheduler's log of the batch job)."""
     stamp = time.strftime("%Y-%m-%d %H:%M:%S")
     try:
-        print(f"[mado-runner {stamp}] {mask(text)}", file=sys.stderr, flush=True)
+        print(f"[mado-runner {stamp}{_label}] {mask(text)}", file=sys.stderr, flush=True)
     except (OSError, ValueError, RuntimeError):  # RuntimeError: a signal's note while a note was written
         pass
 
@@ -469,6 +484,110 @@ def signal_name(number) -> str:
         return f"signal {number}"
 
 
+# -- cluster jobs: which replica this runner is, and where the others run -----------------------
+
+class Replica:
+    """One replica of a cluster job as this runner sees it: its index and name, every node's address
+    (replica i on node i), and the cluster variables for its code."""
+
+    def __init__(self, index: int, size: int, mode: str, addresses: list[str], master_port: int):
+        self.index, self.size = index, size
+        self.name = replica_name(index)
+        self.replicas = [{"index": i, "name": replica_name(i), "role": "main" if i == 0 else "sub"}
+                         for i in range(size)]
+        self.hosts = {replica_name(i): addresses[i] for i in range(size)}
+        self.env = jobenv.cluster_environment(replica=self.replicas[index], replicas=self.replicas, mode=mode,
+                                              main_addr=addresses[0], master_port=master_port)
+
+    @property
+    def is_main(self) -> bool:
+        return self.index == 0
+
+
+def replica_name(index: int) -> str:
+    return "main1" if index == 0 else f"sub{index}"
+
+
+def replica_index(size: int) -> int:
+    """This runner's replica, from the first of REPLICA_INDEX_VARIABLES that is set."""
+    for variable in REPLICA_INDEX_VARIABLES:
+        raw = os.environ.get(variable, "").strip()
+        if raw:
+            if not raw.isdigit() or int(raw) >= size:
+                raise ConfigError(f"{variable}={raw} is not a replica of this {size}-replica cluster job (0 … "
+                                  f"{size - 1}): the job shell must start one runner per replica.")
+            return int(raw)
+    raise ConfigError("This is a cluster job, but nothing says which replica this runner is: start it with srun "
+                      "(SLURM_PROCID), or set MMT_REPLICA_INDEX to 0 … N-1 for each runner.")
+
+
+def cluster_nodes() -> list[str]:
+    """The nodes of the allocation in order: MMT_CLUSTER_NODES, else Slurm's SLURM_JOB_NODELIST."""
+    given = os.environ.get("MMT_CLUSTER_NODES", "").strip()
+    if given:
+        return [n.strip() for n in given.split(",") if n.strip()]
+    nodelist = os.environ.get("SLURM_JOB_NODELIST") or os.environ.get("SLURM_NODELIST") or ""
+    if not nodelist:
+        raise StartFailed("The nodes of this cluster job are unknown: no SLURM_JOB_NODELIST (or MMT_CLUSTER_NODES) "
+                          "in the runner's environment.")
+    out = _scontrol("show", "hostnames", nodelist)
+    nodes = [line.strip() for line in (out or "").splitlines() if line.strip()]
+    if not nodes:
+        raise StartFailed(f"scontrol show hostnames {nodelist} named no node; is scontrol on this node's PATH?")
+    return nodes
+
+
+def _scontrol(*argv: str) -> str | None:
+    try:
+        ran = subprocess.run(["scontrol", *argv], capture_output=True, text=True, timeout=30,
+                             stdin=subprocess.DEVNULL, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return ran.stdout if ran.returncode == 0 else None
+
+
+def node_address(node: str) -> str:
+    """How other nodes reach `node`: Slurm's NodeAddr for it (the node name unless the site set one),
+    resolved to an IPv4 address; the name itself when it does not resolve here."""
+    address = node
+    shown = _scontrol("show", "node", "--oneliner", node) if "SLURM_JOB_ID" in os.environ else None
+    match = re.search(r"\bNodeAddr=(\S+)", shown or "")
+    if match and match.group(1) not in ("(null)", ""):
+        address = match.group(1)
+    try:
+        return socket.gethostbyname(address)
+    except (OSError, UnicodeError):
+        return address
+
+
+def master_port(job_id: int) -> int:
+    """MASTER_PORT: the batch script's pick (MMT_MASTER_PORT), else one derived from the scheduler's
+    job id (the Job's id without one), so every replica derives the same."""
+    raw = os.environ.get("MMT_MASTER_PORT", "").strip()
+    if raw.isdigit() and 1024 <= int(raw) <= 65535:
+        return int(raw)
+    scheduler_id = os.environ.get("SLURM_JOB_ID", "").strip()
+    seed = int(scheduler_id) if scheduler_id.isdigit() else job_id
+    return MASTER_PORT_BASE + seed % MASTER_PORT_SPAN
+
+
+def free_port() -> int:
+    """A TCP port free on this node now (the batch script passes it to every replica as MMT_MASTER_PORT)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("", 0))
+        return sock.getsockname()[1]
+
+
+def cluster_size_of(job: dict) -> int:
+    try:
+        size = int(job.get("cluster_size") or 1)
+    except (TypeError, ValueError):
+        raise ConfigError("cluster_size in job.json is not a number: submit the Job again.") from None
+    if not 1 <= size <= 64:
+        raise ConfigError(f"cluster_size {size} in job.json is out of range (1 … 64): submit the Job again.")
+    return size
+
+
 # -- the runner ---------------------------------------------------------------------------------
 
 class Runner:
@@ -489,6 +608,18 @@ class Runner:
         self.refused: Refused | None = None
         self._cancel_thread: threading.Thread | None = None
         self.beat_failures = 0
+        # A cluster job's replica (None for every other Job); which one is known before start.
+        self.size = cluster_size_of(spec.job)
+        self.replica_index = replica_index(self.size) if self.size > 1 else None
+        self.replica: Replica | None = None
+
+    @property
+    def replica_name(self) -> str | None:
+        return None if self.replica_index is None else replica_name(self.replica_index)
+
+    @property
+    def is_sub(self) -> bool:
+        return bool(self.replica_index)
 
     # -- signals ---------------------------------------------------------------------------------
 
@@ -565,6 +696,8 @@ class Runner:
         index = os.environ.get("MMT_ARRAY_INDEX", "").strip()
         if index.isdigit():
             body["array_index"] = int(index)
+        if self.replica_name:
+            body["replica"] = self.replica_name
         note(f"Job {self.id}: runner {self.runner_id} starting on {body['hostname']}"
              + (f" (scheduler job {scheduler_id})" if scheduler_id else "") + ".")
         try:
@@ -596,6 +729,11 @@ class Runner:
         return True
 
     def refused_exit(self, exc: Refused) -> int:
+        if self.is_sub and (exc.status == 401 or exc.code == "job_ended"):
+            # main1 ended, or another replica failed or was stopped: this replica's part is over.
+            note(f"Job {self.id} has ended on the server (main1 ended, or another replica failed or was stopped): "
+                 f"{self.replica_name} is stopped and exits 0.")
+            return EXIT_OK
         what = {"runner_conflict": "another runner already reports this Job (a second copy of the batch job?)",
                 "job_ended": "the Job has already ended"}.get(exc.code or "")
         if what is None:
@@ -661,11 +799,13 @@ class Runner:
             raise StartFailed("The site has no working directory (an absolute path on the compute nodes): set one "
                               "in its settings.")
         runtime = str(self.job.get("runtime") or "python")
+        cluster = self.cluster_spec() if self.replica_index is not None else None
         try:
-            spec = runtimes.build_spec(self.job, local_facts(runtime))
+            spec = runtimes.build_spec(self.job, local_facts(runtime), **({"cluster": cluster} if cluster else {}))
         except runtimes.RuntimeRefused as exc:
             raise StartFailed(exc.message) from None
-        job_dir = ensure_workspace(working_dir, self.id)
+        # A replica's workspace is <jobId>-<replica> (replicas may share a node and a working directory).
+        job_dir = ensure_workspace(working_dir, spec["job_id"])
         if supervisor.cmd_poll(job_dir).get("status") == "absent":
             if self.job.get("source") and not os.path.lexists(os.path.join(job_dir, "source")):
                 self.fetch_source(job_dir)
@@ -680,6 +820,21 @@ class Runner:
              f"supervisor pid {(state.get('supervisor') or {}).get('pid')}).")
         if self.stop_reason:
             self.request_stop()
+
+    def cluster_spec(self) -> dict:
+        """build_spec's `cluster`: this replica's name, its cluster variables and every replica's address."""
+        nodes = cluster_nodes()
+        if len(nodes) == 1:
+            nodes = nodes * self.size  # an owner's job shell that put every replica on one node
+        if len(nodes) != self.size:
+            raise StartFailed(f"This {self.size}-replica cluster job got {len(nodes)} nodes ({', '.join(nodes[:8])}); "
+                              "the job shell must ask for one node per replica (MMT_NODES).")
+        addresses = [node_address(node) for node in nodes]
+        self.replica = Replica(self.replica_index, self.size, str(self.job.get("cluster_mode") or "single-node"),
+                               addresses, master_port(self.id))
+        note(f"{self.replica.name} of {self.size} on {nodes[self.replica_index]}; main1 at "
+             f"{addresses[0]}:{self.replica.env['MASTER_PORT']}.")
+        return {"name": self.replica.name, "env": self.replica.env, "hosts": self.replica.hosts}
 
     def fetch_source(self, job_dir: str) -> None:
         source = self.job["source"]
@@ -832,14 +987,15 @@ class Runner:
         status = final.get("status")
         code, sig = final.get("exit_code"), final.get("signal")
         if self.stop_reason == "timed_out" and status in ("exited", "canceled", "timed_out"):
-            if code == 0:
+            if code == 0 and not self.is_sub:
                 self.send_outputs(best_effort=True)  # a checkpoint written on SIGTERM is kept
             return {"status": "failed", "end_reason": "timed_out", **({"exit_code": code} if code is not None else {}),
                     "error": "The scheduler's time limit was reached: the batch job got SIGTERM and the code was "
                              "stopped."}
         if status == "exited":
             if code == 0:
-                return self.send_outputs()
+                # Only main1's outputs are collected; a sub that is done simply says so.
+                return {"status": "finished", "exit_code": 0} if self.is_sub else self.send_outputs()
             if code is not None:
                 return {"status": "failed", "exit_code": int(code), "end_reason": "exit_code"}
             return {"status": "failed", "end_reason": "exit_code",
@@ -965,7 +1121,8 @@ class Runner:
         detail = (f" (exit code {completion['exit_code']})" if completion.get("exit_code") is not None else "") + \
             (f", {completion['end_reason']}" if completion.get("end_reason") else "") + \
             (f": {completion['error'].rstrip('.')}" if completion.get("error") else "")
-        note(f"Job {self.id} ended {completion['status']}{detail}.")
+        who = f"{self.replica_name} of Job {self.id}" if self.replica_name else f"Job {self.id}"
+        note(f"{who} ended {completion['status']}{detail}.")
         return EXIT_OK if completion["status"] == "finished" else EXIT_FAILED
 
     def stop_code(self) -> None:
@@ -995,6 +1152,9 @@ def _bounded(value, default: float, low: float, high: float) -> float:
 def main(argv: list[str] | None = None) -> int:
     """`mado-tracking runner SPEC_DIR` and `runner.py SPEC_DIR`: the exit code (see the module's docstring)."""
     args = list(sys.argv[1:] if argv is None else argv)
+    if args == ["--free-port"]:
+        print(free_port())  # the batch script of a cluster job: MASTER_PORT on main1's node
+        return EXIT_OK
     if args and args[0] in ("-h", "--help"):
         print("usage: mado-tracking runner SPEC_DIR\n\nRuns one Job of a site on this compute node and reports it to "
               "the Mado server with the Job's token from SPEC_DIR/job.json.\nExit codes: 0 finished, 1 failed/"
@@ -1009,10 +1169,14 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_CONFIG
     try:
         spec = load_spec(args[0])
+        runner = Runner(spec)
     except ConfigError as exc:
         note(f"Configuration error: {exc}")
         return EXIT_CONFIG
-    return Runner(spec).run()
+    if runner.replica_name:
+        global _label
+        _label = f" {runner.replica_name}"
+    return runner.run()
 
 
 if __name__ == "__main__":
