@@ -3,6 +3,10 @@ shared/peers/README.md, "Slurm"): munged (reused when one already answers), then
 slurmd in the foreground with the recipe's slurm-1node.conf, its ${PEER_DIR} a temporary directory
 and free ports instead of 6817/6818 so two test runs do not collide. Stopped by PID.
 
+`slurm_two_nodes` is the recipe's two nodes on one host (slurm-2node-dbd.conf without accounting):
+nodes n1 and n2, both 127.0.0.1, each with its own slurmd (`slurmd -D -N n1`, `-N n2`) on its own free
+port, so `sbatch --nodes=2` and `srun` run one task on each. Started only by the tests that ask for it.
+
 Debian packages: slurm-wlm munge."""
 from __future__ import annotations
 
@@ -51,9 +55,14 @@ SlurmdTimeout=30
 InactiveLimit=0
 MinJobAge=300
 KillWait=5
-NodeName=localhost CPUs={cpus} RealMemory=2000 State=UNKNOWN
-PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
+{nodes}PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 """
+ONE_NODE = "NodeName=localhost CPUs={cpus} RealMemory=2000 State=UNKNOWN\n"
+# shared/peers/slurm-2node-dbd.conf's nodes, with free ports.
+TWO_NODES = ("NodeName=n1 NodeHostname=localhost NodeAddr=127.0.0.1 Port={n1_port} CPUs=2 RealMemory=1000 "
+             "State=UNKNOWN\n"
+             "NodeName=n2 NodeHostname=localhost NodeAddr=127.0.0.1 Port={n2_port} CPUs=2 RealMemory=1000 "
+             "State=UNKNOWN\n")
 
 
 @dataclass
@@ -120,7 +129,8 @@ def start_munge() -> subprocess.Popen | None:
     return process
 
 
-def start_slurm() -> Slurm:
+def start_slurm(node_names: tuple[str, ...] = ("localhost",)) -> Slurm:
+    """slurmctld and one slurmd per node: ("localhost",) is the one-node recipe, ("n1", "n2") the two."""
     if not shutil.which("slurmctld") or not shutil.which("slurmd"):
         raise RuntimeError("Slurm is not installed: apt-get install -y --no-install-recommends slurm-wlm munge")
     peer = Path(tempfile.mkdtemp(prefix="mado-slurm-"))
@@ -128,21 +138,26 @@ def start_slurm() -> Slurm:
     for sub in ("slurm/state", "slurm/spool", "slurm/log"):
         (peer / sub).mkdir(parents=True)
     conf = peer / "slurm" / "slurm.conf"
-    conf.write_text(CONFIG.format(peer=peer, ctld_port=free_port(), slurmd_port=free_port(),
-                                  cpus=max(2, os.cpu_count() or 2)))
+    nodes = (ONE_NODE.format(cpus=max(2, os.cpu_count() or 2)) if node_names == ("localhost",)
+             else TWO_NODES.format(n1_port=free_port(), n2_port=free_port()))
+    conf.write_text(CONFIG.format(peer=peer, ctld_port=free_port(), slurmd_port=free_port(), nodes=nodes))
     slurm = Slurm(peer_dir=peer, conf=conf)
     munged = start_munge()
     if munged is not None:
         slurm.processes.append(munged)
     try:
-        for argv in (["slurmctld", "-D", "-f", str(conf)], ["slurmd", "-D", "-N", "localhost", "-f", str(conf)]):
-            with open(peer / "slurm" / "log" / f"{argv[0]}.out", "wb") as log:  # the child keeps its copy
+        daemons = [["slurmctld", "-D", "-f", str(conf)]]
+        daemons += [["slurmd", "-D", "-N", node, "-f", str(conf)] for node in node_names]
+        for argv in daemons:
+            name = argv[0] if argv[0] == "slurmctld" else f"slurmd-{argv[3]}"
+            with open(peer / "slurm" / "log" / f"{name}.out", "wb") as log:  # the child keeps its copy
                 slurm.processes.append(subprocess.Popen(argv, env=slurm.env, stdin=subprocess.DEVNULL, stdout=log,
                                                         stderr=subprocess.STDOUT))
         deadline = time.monotonic() + 20
-        while True:  # the node comes up idle within about a second
-            state = slurm.run("sinfo", "-h", "-o", "%T", check=False).stdout.strip()
-            if state == "idle":
+        while True:  # the nodes come up idle within a few seconds
+            states = slurm.run("sinfo", "-h", "-N", "-o", "%N %T", check=False).stdout.split()
+            state = " ".join(states)
+            if states and sorted(states[0::2]) == sorted(node_names) and set(states[1::2]) == {"idle"}:
                 return slurm
             if time.monotonic() > deadline or any(p.poll() is not None for p in slurm.processes):
                 logs = "\n".join(p.read_text()[-2000:] for p in (peer / "slurm" / "log").glob("*"))
@@ -156,5 +171,13 @@ def start_slurm() -> Slurm:
 @pytest.fixture(scope="session")
 def slurm():
     cluster = start_slurm()
+    yield cluster
+    cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def slurm_two_nodes():
+    """Two nodes, n1 and n2, on this host: for cluster jobs (one replica per node)."""
+    cluster = start_slurm(("n1", "n2"))
     yield cluster
     cluster.stop()
