@@ -31,12 +31,20 @@ where it was, and nothing runs twice):
    started again, followed while the process lives, then `failed`/`worker_lost`.
 5. completion: sent until the server answers; then the record is removed.
 
+A cluster job (docs/cluster-jobs.md) runs as a `ClusterRunner`: one `ReplicaRunner` per replica does
+the steps above on its own computer and workspace `<jobId>-<replica>`; all are prepared before any
+starts; each replica's logs are followed on its own thread and posted with its name; the job ends
+with main1 (the subs are then stopped) or with the first sub that fails (the others are stopped; the
+completion names it); a stop request stops them all.
+
 Any leased call answered 401/403/404/410, or 409 `invalid_lease`/`job_ended`/`job_already_completed`,
 means the lease is gone: the worker stops touching that job and forgets it. SIGTERM to the worker
 stops the runners where they are and leaves every job running on its target."""
 from __future__ import annotations
 
 import hashlib
+import ipaddress
+import json
 import logging
 import queue
 import signal
@@ -46,7 +54,7 @@ import time
 from collections import deque
 from datetime import UTC, datetime
 
-from worker_agent import dataset_transfer
+from worker_agent import dataset_transfer, jobenv
 from worker_agent.api import ApiClient, ApiError, ApiUnavailable, Backoff, FatalApiError
 from worker_agent.config import WorkerConfig
 from worker_agent.journal import JobJournal
@@ -171,7 +179,10 @@ class JobRunner:
         self.computer = dict(self.job.get("computer") or {})
         self.python = str(self.computer.get("python_path") or "python3")
         self.working_dir = str(self.computer.get("working_dir") or "").rstrip("/")
-        self.job_dir = workspace(self.working_dir, self.id) if self.working_dir.startswith("/") else ""
+        # The supervisor's workspace name: the job id, or `<jobId>-<replica>` for a cluster job's replica.
+        self.workspace_id = str(self.id)
+        self.job_dir = workspace(self.working_dir, self.workspace_id) if self.working_dir.startswith("/") else ""
+        self.replica_name: str | None = None  # set on the replicas of a cluster job: their log chunks name it
         self.gpu_ids = [str(g) for g in self.job.get("gpu_ids") or []]
         self.stop = manager.stop_event
         self.done = threading.Event()
@@ -280,7 +291,7 @@ class JobRunner:
         return self.manager.pool.get(Target.from_api(self.computer))
 
     def remote(self, connection) -> Remote:
-        return Remote(connection, working_dir=self.working_dir, job_id=self.id, python=self.python)
+        return Remote(connection, working_dir=self.working_dir, job_id=self.workspace_id, python=self.python)
 
     def on_target(self, action, what: str):
         """Run `action(connection)`, retrying when the network or the target fails."""
@@ -345,11 +356,7 @@ class JobRunner:
                 log.info("job %s: stop requested before it started; not starting it", self.id)
                 self.save(completion={"status": "canceled", "end_reason": "canceled"})
                 return
-            spec = self.spec()
-            if self.job.get("source"):
-                self.fetch_source()
-            if self.job.get("input_datasets"):
-                self.ensure_inputs()
+            spec = self.prepare()
             with self._lock:
                 if self.cancel_requested:
                     self.save(completion={"status": "canceled", "end_reason": "canceled"})
@@ -365,13 +372,26 @@ class JobRunner:
                      "" if status != "unknown" else ", supervisor gone; the job is never started again")
         self.mark_started()
 
+    def prepare(self) -> dict:
+        """Everything before the supervisor starts: the spec, the source, the input datasets."""
+        spec = self.spec()
+        if self.job.get("source"):
+            self.fetch_source()
+        if self.job.get("input_datasets"):
+            self.ensure_inputs()
+        return spec
+
     def spec(self) -> dict:
         runtime = str(self.job.get("runtime") or "python")
         facts = self.on_target(lambda c: read_facts(c, python=self.python, runtime=runtime), "reading target facts")
         try:
-            return build_spec(self.job, facts, grace_seconds=self.config.cancel_grace)
+            return build_spec(self.job, facts, grace_seconds=self.config.cancel_grace, cluster=self.cluster_spec())
         except RuntimeRefused as exc:
             raise StartFailed(exc.message) from None
+
+    def cluster_spec(self) -> dict | None:
+        """`build_spec`'s `cluster` argument: none for an ordinary job (see ReplicaRunner)."""
+        return None
 
     def start_supervisor(self, spec: dict) -> dict:
         try:
@@ -541,6 +561,8 @@ class JobRunner:
 
     def post_logs(self, batch: list[LogChunk]) -> None:
         chunks = [chunk.as_api_chunk() for chunk in batch]
+        if self.replica_name:
+            chunks = [dict(chunk, replica=self.replica_name) for chunk in chunks]
         self.save(pending=[[c.stream, c.offset, len(c.data)] for c in batch], durable=False)
         try:
             self.call(lambda: self.api.job_logs(self.id, self.config.worker_id, self.lease, chunks), "logs")
@@ -686,10 +708,7 @@ class JobRunner:
         """Send the completion; False when the outputs must be sent again first."""
         completion = dict(self.record["completion"])
         try:
-            self.call(lambda: self.api.complete_job(
-                self.id, self.config.worker_id, self.lease, completion["status"],
-                exit_code=completion.get("exit_code"), error=completion.get("error"),
-                end_reason=completion.get("end_reason")), "completion")
+            self.call(lambda: self.send_completion(completion), "completion")
         except ApiError as exc:
             if exc.code == "artifacts_incomplete" and int(self.record.get("output_rounds") or 0) < 3:
                 log.warning("job %s: %s; uploading the outputs again", self.id, exc)
@@ -698,11 +717,23 @@ class JobRunner:
             log.error("job %s: the server refused the completion %s: %s", self.id, completion, exc)
             self.forget()
             return True
-        log.info("job %s completed: %s%s%s", self.id, completion["status"],
+        log.info("job %s completed: %s%s%s%s", self.id, completion["status"],
                  f" (exit code {completion['exit_code']})" if completion.get("exit_code") is not None else "",
-                 f", {completion['end_reason']}" if completion.get("end_reason") else "")
+                 f", {completion['end_reason']}" if completion.get("end_reason") else "",
+                 f", replica {completion['replica']}" if completion.get("replica") else "")
         self.forget()
         return True
+
+    def send_completion(self, completion: dict) -> dict:
+        if not completion.get("replica"):
+            return self.api.complete_job(self.id, self.config.worker_id, self.lease, completion["status"],
+                                         exit_code=completion.get("exit_code"), error=completion.get("error"),
+                                         end_reason=completion.get("end_reason"))
+        # ApiClient.complete_job has no `replica` yet (docs/cluster-jobs.md "End"): the same body with it.
+        body = {k: completion[k] for k in ("status", "exit_code", "error", "end_reason", "replica")
+                if completion.get(k) is not None and completion.get(k) != ""}
+        return self.api.request("POST", f"worker/jobs/{self.id}/complete",
+                                {"worker_id": self.config.worker_id, "lease_id": self.lease, **body})
 
     # -- heartbeats and stop requests ------------------------------------------------------------
 
@@ -762,6 +793,371 @@ class JobRunner:
             self.api.close()
 
 
+# -- cluster jobs (docs/cluster-jobs.md, "What the agent does") ------------------------------------
+
+FREE_PORT = "import socket\ns = socket.socket()\ns.bind(('', 0))\nprint(s.getsockname()[1])\n"
+RESOLVE = "import json, socket, sys\nprint(json.dumps({n: socket.gethostbyname(n) for n in sys.argv[1:]}))\n"
+
+
+def is_cluster(job: dict) -> bool:
+    """A job of more than one replica (a cluster job of size 1 is an ordinary job)."""
+    return int(job.get("cluster_size") or 1) > 1 and bool(job.get("replicas"))
+
+
+def is_ip(address: str) -> bool:
+    try:
+        ipaddress.ip_address(address)
+    except ValueError:
+        return False
+    return True
+
+
+def run_python(connection, python: str, code: str, *args: str) -> str:
+    """A few lines of Python on the target; their stdout, or StartFailed with their stderr's last line."""
+    ran = connection.run([python or "python3", "-I", "-c", code, *args], timeout=30)
+    if ran.exit_code != 0:
+        tail = ran.stderr.decode("utf-8", "replace").strip().splitlines()[-1:]
+        raise StartFailed(f"{python} on the computer exited with {ran.exit_code}" + (f": {tail[0]}" if tail else "."))
+    return ran.stdout.decode("utf-8", "replace").strip()
+
+
+class ReplicaRunner(JobRunner):
+    """One replica of a cluster job: JobRunner's per-computer steps (prepare, start, follow, stop and,
+    for main1, the outputs) on the replica's computer, in its workspace `<jobId>-<replica>`, with its
+    own log offsets in `record["replicas"][name]`. The lease, the API, the journal and the checks for
+    a worker stop or a lost lease are the job's (ClusterRunner); a replica has no threads of its own.
+    JobRunner.__init__ is not called: it would start threads and claim the job's record."""
+
+    def __init__(self, parent: ClusterRunner, replica: dict):  # JobRunner.__init__ deliberately not called
+        self.parent = parent
+        self.manager, self.api, self.config = parent.manager, parent.api, parent.config
+        self.id, self.lease = parent.id, parent.lease
+        self.replica = dict(replica)
+        self.name = self.replica_name = str(replica["name"])
+        self.computer = dict(replica.get("computer") or {})
+        self.gpu_ids = [str(g) for g in replica.get("gpu_ids") or []]
+        self.job = dict(parent.job, computer=self.computer, gpu_ids=self.gpu_ids)
+        self.python = str(self.computer.get("python_path") or "python3")
+        self.working_dir = str(self.computer.get("working_dir") or "").rstrip("/")
+        self.workspace_id = f"{self.id}-{self.name}"
+        self.job_dir = workspace(self.working_dir, self.workspace_id) if self.working_dir.startswith("/") else ""
+        self.record = parent.record["replicas"][self.name]
+        self.stop = parent.stop
+        self.started = bool(self.record.get("started"))
+        self.abort = threading.Event()  # the job stops following its replicas (it failed elsewhere)
+        self._lock = threading.Lock()
+
+    @property
+    def rejected(self) -> str | None:
+        return self.parent.rejected
+
+    def check(self) -> None:
+        self.parent.check()
+        if self.abort.is_set():
+            raise Stopping()
+
+    def save(self, *, durable: bool = True, **changes) -> None:
+        self.parent.save_replica(self.name, durable=durable, **changes)
+
+    def cluster_spec(self) -> dict:
+        return self.parent.cluster_spec_of(self)
+
+    def stop_now(self) -> dict:
+        return self.on_target(lambda c: self.remote(c).cancel(grace=self.config.cancel_grace), f"stopping {self.name}")
+
+
+class ClusterRunner(JobRunner):
+    """A cluster job: every replica prepared, then all started; followed together; the job ends with
+    main1, or with the first sub that fails (the others are then stopped); a stop request stops them
+    all. The decision is journaled (`record["cluster"]["decision"]`) with the master port and the
+    hosts file, so a restarted worker re-attaches to every replica and decides the same way."""
+
+    def __init__(self, manager: JobManager, record: dict):
+        super().__init__(manager, record)
+        replicas = sorted(self.job["replicas"], key=lambda r: int(r["index"]))
+        states = record.setdefault("replicas", {})
+        for replica in replicas:
+            states.setdefault(str(replica["name"]), {"offsets": {"stdout": 0, "stderr": 0}, "pending": [],
+                                                     "final": None, "started": False})
+        record.setdefault("cluster", {})
+        self.replicas = [ReplicaRunner(self, replica) for replica in replicas]
+        self.main = self.replicas[0]
+        # Nothing of a cluster job lives in `<working_dir>/.mmt/jobs/<jobId>`: its outputs are main1's.
+        self.workspace_id, self.job_dir = self.main.workspace_id, self.main.job_dir
+
+    def save_replica(self, name: str, *, durable: bool = True, **changes) -> None:
+        with self._record_lock:
+            self.record["replicas"][name].update(changes)
+            self.record["updated_at"] = now_iso()
+            if not self._forgotten:
+                self.manager.journal.save(self.record, durable=durable)
+
+    def replica(self, name: str) -> ReplicaRunner:
+        return next(r for r in self.replicas if r.name == name)
+
+    # -- start -----------------------------------------------------------------------------------
+
+    def ensure_started(self) -> None:
+        for replica in self.replicas:
+            if not replica.job_dir:
+                return self.start_failed(replica, f"The computer {replica.computer.get('name')} has no working "
+                                                  "directory (an absolute path on the target): set one in its "
+                                                  "settings.")
+        states = {}
+        for replica in self.replicas:
+            try:
+                states[replica.name] = replica.on_target(lambda c, r=replica: r.remote(c).poll(),
+                                                         f"asking the supervisor of {replica.name} for its state")
+            except SupervisorError as exc:
+                message = f"The replica's workspace cannot be used ({exc.code}): {exc.message}"
+                if not self.started:
+                    return self.start_failed(replica, message, present=states)
+                replica.save(final={"status": "refused", "error": message})
+                states[replica.name] = {"status": "refused"}
+            except StartFailed as exc:
+                return self.start_failed(replica, exc.message, present=states)
+        present = {name for name, state in states.items() if state.get("status") != "absent"}
+        fresh = [r for r in self.replicas if r.name not in present]
+        if fresh and self.started:
+            for replica in fresh:  # it ran before, and its workspace is gone: it is never started twice
+                if replica.record.get("final") is None:
+                    replica.save(final={"status": "absent", "error": "The replica's workspace on its computer "
+                                                                     "disappeared."})
+            fresh = []
+        if fresh and self.cancel_requested:
+            log.info("job %s: stop requested before its replicas started; not starting them", self.id)
+            self.stop_replicas([r for r in self.replicas if r.name in present])
+            self.save(completion={"status": "canceled", "end_reason": "canceled"})
+            return None
+        if fresh and not self.start_replicas(fresh, present):
+            return None
+        for replica in self.replicas:
+            state = states.get(replica.name) or {}
+            if state.get("status") == "unknown" and state.get("recoverable"):
+                log.info("job %s: the supervisor of %s is gone before it ran; a new one takes over", self.id,
+                         replica.name)
+                replica.start_supervisor(replica.spec())
+            elif replica.name in present:
+                log.info("job %s: %s re-attached (status %s)", self.id, replica.name, state.get("status"))
+            if not replica.started:
+                replica.started = True
+                replica.save(started=True)
+        self.mark_started()
+        return None
+
+    def start_replicas(self, fresh: list[ReplicaRunner], present: set[str]) -> bool:
+        """Prepare every replica first, then start them all; False when the job ended instead."""
+        try:
+            self.ensure_cluster_facts()
+        except StartFailed as exc:
+            self.start_failed(self.main, exc.message, present=present)
+            return False
+        specs = {}
+        for replica in fresh:
+            try:
+                specs[replica.name] = replica.prepare()
+            except StartFailed as exc:
+                self.start_failed(replica, exc.message, present=present)
+                return False
+        with self._lock:
+            if self.cancel_requested:
+                self.stop_replicas([r for r in self.replicas if r.name in present])
+                self.save(completion={"status": "canceled", "end_reason": "canceled"})
+                return False
+        started = set(present)
+        for replica in fresh:
+            try:
+                answer = replica.start_supervisor(specs[replica.name])
+            except StartFailed as exc:
+                self.start_failed(replica, exc.message, present=started)
+                return False
+            started.add(replica.name)
+            replica.started = True
+            replica.save(started=True)
+            log.info("job %s: %s started on %s (GPUs %s, supervisor pid %s)", self.id, replica.name,
+                     replica.computer.get("name"), ",".join(replica.gpu_ids) or "none",
+                     (answer.get("supervisor") or {}).get("pid"))
+        return True
+
+    def start_failed(self, replica: ReplicaRunner, message: str, *, present=()) -> None:
+        """One replica cannot start: those started are stopped, and the job fails naming the replica."""
+        log.warning("job %s: %s could not start: %s", self.id, replica.name, message)
+        if isinstance(present, dict):  # poll answers so far: those with a workspace may run
+            present = {name for name, state in present.items() if state.get("status") != "absent"}
+        self.stop_replicas([r for r in self.replicas if r.name in set(present) and r is not replica])
+        error = mask_tokens(f"{replica.name}: {message}", self.job.get("job_token") or "")
+        self.save(completion={"status": "failed", "end_reason": "start_failed", "replica": replica.name,
+                              "error": error})
+
+    def ensure_cluster_facts(self) -> dict:
+        """MASTER_PORT (a free port on main1's computer) and every replica's hosts file, chosen once and
+        journaled: a restarted worker must hand the supervisors the very same spec."""
+        facts = self.record.get("cluster") or {}
+        if facts.get("master_port") and facts.get("hosts"):
+            return facts
+        main = self.main
+        port = main.on_target(lambda c: run_python(c, main.python, FREE_PORT),
+                              "choosing MASTER_PORT on main1's computer")
+        hosts = {replica.name: self.hosts_of(replica) for replica in self.replicas}
+        self.save(cluster=dict(facts, master_port=int(port), hosts=hosts))
+        log.info("job %s: %d replicas, MASTER_PORT %s on %s", self.id, len(self.replicas), port,
+                 main.computer.get("name"))
+        return self.record["cluster"]
+
+    def hosts_of(self, replica: ReplicaRunner) -> dict[str, str]:
+        """Replica name → address as `replica` reaches it: loopback on its own computer, else the
+        computer's host, resolved on the replica's computer where it is a name."""
+        wanted = {other.name: jobenv.LOOPBACK if jobenv.same_computer(replica.computer, other.computer)
+                  else jobenv.computer_address(other.computer) for other in self.replicas}
+        names = sorted({address for address in wanted.values() if not is_ip(address)})
+        if names:
+            text = replica.on_target(lambda c: run_python(c, replica.python, RESOLVE, *names),
+                                     f"resolving the other computers' names on {replica.name}'s computer")
+            resolved = json.loads(text.splitlines()[-1])
+            wanted = {name: str(resolved.get(address, address)) for name, address in wanted.items()}
+        return wanted
+
+    def cluster_spec_of(self, replica: ReplicaRunner) -> dict:
+        facts = self.record["cluster"]
+        replicas = [r.replica for r in self.replicas]
+        env = jobenv.cluster_environment(replica=replica.replica, replicas=replicas,
+                                         mode=str(self.job.get("cluster_mode") or "single-node"),
+                                         main_addr=jobenv.main_address(replica.replica, replicas),
+                                         master_port=int(facts["master_port"]))
+        return {"name": replica.name, "env": env, "hosts": facts["hosts"][replica.name]}
+
+    # -- follow and decide -------------------------------------------------------------------------
+
+    def follow(self) -> dict:
+        """Follow every replica until all have ended; the decision: main1 ended first, a sub failed,
+        or the walltime."""
+        running = [r for r in self.replicas if r.record.get("final") is None]
+        events: queue.Queue = queue.Queue()
+        threads = []
+        for replica in running:
+            replica.abort.clear()
+            thread = threading.Thread(target=self._follow_replica, args=(replica, events),
+                                      name=f"job-{self.id}-{replica.name}", daemon=True)
+            thread.start()
+            threads.append(thread)
+        try:
+            for replica in self.replicas:  # ended before a restart: decided in the same order again
+                if replica.record.get("final") is not None:
+                    self.decide(replica)
+            if self.record["cluster"].get("decision") and running:
+                self.stop_replicas(running, wait=False)
+            left = len(running)
+            while left:
+                try:
+                    replica, outcome = events.get(timeout=0.5)
+                except queue.Empty:
+                    self.check()
+                    continue
+                if isinstance(outcome, BaseException):
+                    raise outcome
+                left -= 1
+                replica.save(final=outcome)
+                self.decide(replica)
+        finally:
+            for replica in self.replicas:
+                replica.abort.set()
+            for thread in threads:
+                thread.join(timeout=10)
+                if thread.is_alive():
+                    log.warning("job %s: %s still follows a replica after the job's follow ended", self.id, thread.name)
+            for replica in self.replicas:  # the job goes on with main1 (outputs) and the stops
+                replica.abort.clear()
+        return dict(self.record["cluster"]["decision"])
+
+    @staticmethod
+    def _follow_replica(replica: ReplicaRunner, events: queue.Queue) -> None:
+        try:
+            events.put((replica, replica.follow()))
+        except BaseException as exc:  # noqa: BLE001  (handed to the job's thread, which decides)
+            events.put((replica, exc))
+        finally:
+            replica.api.close()
+
+    def decide(self, replica: ReplicaRunner) -> None:
+        cluster = self.record["cluster"]
+        if cluster.get("decision"):
+            return
+        final = replica.record["final"] or {}
+        status = final.get("status")
+        if replica is self.main:
+            decision = {"kind": "main"}
+        elif self.cancel_requested:
+            return  # every replica is being stopped; main1's end is the job's
+        elif status == "exited" and final.get("exit_code") == 0:
+            log.info("job %s: %s is done (exit code 0); waiting for main1", self.id, replica.name)
+            return
+        elif status == "timed_out":
+            decision = {"kind": "timed_out"}
+        else:
+            decision = {"kind": "replica_failed", "replica": replica.name}
+        self.save(cluster=dict(cluster, decision=decision))
+        others = [r for r in self.replicas if r.record.get("final") is None]
+        log.info("job %s: %s ended (%s); stopping %s", self.id, replica.name, status,
+                 ", ".join(r.name for r in others) or "nothing: all have ended")
+        self.stop_replicas(others, wait=False)
+
+    def conclude(self, final: dict) -> dict:
+        kind = final.get("kind")
+        if kind == "main":
+            completion = self.main.conclude(self.main.record.get("final") or {})
+            if completion["status"] != "canceled" and completion.get("end_reason") != "timed_out":
+                completion["replica"] = self.main.name
+            return completion
+        if kind == "timed_out":
+            return {"status": "failed", "end_reason": "timed_out",
+                    "error": f"The walltime of {self.job.get('walltime_seconds')} s was reached; every replica "
+                             "was stopped."}
+        return self.replica_failure(self.replica(str(final.get("replica"))))
+
+    def replica_failure(self, replica: ReplicaRunner) -> dict:
+        final = replica.record.get("final") or {}
+        name, code, sig = replica.name, final.get("exit_code"), final.get("signal")
+        completion = {"status": "failed", "end_reason": "replica_failed", "replica": name}
+        if final.get("status") == "exited" and code is not None:
+            return dict(completion, exit_code=int(code), error=f"{name} exited with code {code}")
+        if final.get("status") == "exited" and sig:
+            return dict(completion, error=f"{name} was killed by {signal_name(sig)}.")
+        if final.get("status") == "canceled":
+            return dict(completion, error=f"{name} was stopped on its computer.")
+        return dict(completion, error=f"{name}: {replica.conclude(final).get('error')}")
+
+    # -- stop ----------------------------------------------------------------------------------------
+
+    def stop_replicas(self, replicas: list[ReplicaRunner], *, wait: bool = True) -> None:
+        """SIGTERM to each, SIGKILL after the grace, all at once (each on its own computer)."""
+        threads = [threading.Thread(target=self._stop_replica, args=(r,), name=f"job-{self.id}-stop-{r.name}",
+                                    daemon=True) for r in replicas]
+        for thread in threads:
+            thread.start()
+        if wait:
+            for thread in threads:
+                thread.join()
+
+    def _stop_replica(self, replica: ReplicaRunner) -> None:
+        try:
+            state = replica.stop_now()
+            log.info("job %s: %s stopped (%s)", self.id, replica.name, state.get("status"))
+        except (Stopping, LeaseRejected):
+            pass
+        except (SupervisorError, StartFailed) as exc:
+            log.warning("job %s: %s could not be stopped: %s", self.id, replica.name, getattr(exc, "message", exc))
+        except Exception:
+            log.exception("job %s: stopping %s failed", self.id, replica.name)
+        finally:
+            replica.api.close()
+
+    def _cancel(self) -> None:
+        try:
+            self.stop_replicas(self.replicas)
+        finally:
+            self.api.close()
+
+
 class JobManager:
     """The claim loop and the runners of one worker."""
 
@@ -786,7 +1182,7 @@ class JobManager:
             return sorted(self.runners)
 
     def run_job(self, record: dict) -> JobRunner:
-        runner = JobRunner(self, record)
+        runner = ClusterRunner(self, record) if is_cluster(record["job"]) else JobRunner(self, record)
         with self.cond:
             self.runners[runner.id] = runner
         runner.start()

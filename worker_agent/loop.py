@@ -28,6 +28,9 @@ from worker_agent.ssh import ConnectionPool
 log = logging.getLogger("mado.worker")
 
 CAPABILITIES = ["checks", "reads", "key_candidates"]
+# Said only by a worker that runs jobs: "cluster_jobs" = it starts every replica of a cluster job
+# (docs/cluster-jobs.md); the server gives cluster jobs to no other worker.
+JOB_CAPABILITIES = ["jobs", "cluster_jobs"]
 HELLO_INTERVAL = 60.0
 STOP_GRACE = 15.0
 
@@ -61,7 +64,7 @@ class Worker:
             "hostname": self.config.hostname,
             "parallel_jobs": self.config.parallel_jobs,
             "target_ids": self.config.target_ids,
-            "capabilities": list(CAPABILITIES),
+            "capabilities": list(CAPABILITIES) + (list(JOB_CAPABILITIES) if self.jobs is not None else []),
             "ssh_key_candidates": found.ssh_keys,
             "known_hosts_candidates": found.known_hosts,
         }
