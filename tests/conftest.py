@@ -12,7 +12,10 @@ from mado.choices import Role, TokenKind
 from mado.models import Membership, Project
 
 # Fixture modules shared by many test files (computers, scripted workers, jobs).
-pytest_plugins = ["tests.computer_fixtures", "tests.job_fixtures"]
+# The real schedulers are session fixtures registered once here: importing them into several conftest
+# modules would make one instance per module (two Slurm clusters, and a second Grid Engine blocked on
+# the first one's lock).
+pytest_plugins = ["tests.computer_fixtures", "tests.job_fixtures", "tests.peers.slurm", "tests.peers.gridengine"]
 
 ALL_MEMBER_SCOPES = ["read", "jobs:write", "runs:write", "artifacts:write", "registry:write", "admin"]
 WORKER_SCOPES = ["read", "worker:execute", "artifacts:write"]

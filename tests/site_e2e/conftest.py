@@ -31,7 +31,6 @@ from tests.peers.sshd import sshd  # noqa: F401  (session fixture)
 from tests.site_agent.conftest import authorize, known_hosts_text
 from tests.site_agent.site_world import launcher_for, registered, server  # noqa: F401  (fixtures)
 from tests.site_runner.conftest import kill_processes_under, other_sessions
-from tests.sites.conftest import gridengine, slurm  # noqa: F401  (session fixtures)
 from tests.support import wait_for
 
 SLURM_PREFIX = 'export SLURM_CONF="$MMT_VAR_SLURM_CONF"  # this cluster\'s configuration\n'

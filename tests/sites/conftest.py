@@ -12,8 +12,6 @@ from jobs.models import Job
 from mado.services import Actor
 from sites import services
 from sites.models import Launcher
-from tests.peers.gridengine import gridengine  # noqa: F401  (session fixture)
-from tests.peers.slurm import slurm  # noqa: F401  (session fixture)
 
 LOGIN_HOST = "login.hpc.example.org"
 JUMP_HOST = "gw.hpc.example.org"
