@@ -40,7 +40,8 @@ def test_main_address_is_loopback_on_main1s_computer_and_for_local_computers():
 
 
 def test_hosts_file_and_docker_add_host():
-    addresses = [{"index": 1, "name": "sub1", "address": "10.0.0.2"}, {"index": 0, "name": "main1", "address": "10.0.0.1"}]
+    addresses = [{"index": 1, "name": "sub1", "address": "10.0.0.2"},
+                 {"index": 0, "name": "main1", "address": "10.0.0.1"}]
     assert jobenv.hosts_file_text(addresses) == "10.0.0.1 main1\n10.0.0.2 sub1\n"
     assert jobenv.hosts_file_text({"main1": "10.0.0.1", "sub1": "10.0.0.2"}) == "10.0.0.1 main1\n10.0.0.2 sub1\n"
     assert jobenv.docker_add_hosts({"main1": "10.0.0.1", "sub1": "10.0.0.2"}) == [
@@ -74,7 +75,8 @@ def test_a_python_replica_has_its_own_workspace_hosts_file_and_gpus():
     assert spec["job_id"] == "12-sub1" and spec["cwd"] == f"{workspace}/work"
     env = spec["env"]
     assert env["MMT_CLUSTER_HOST"] == "sub1", "the job's own env cannot forge a cluster variable"
-    assert (env["MMT_JOB_ID"], env["CUDA_VISIBLE_DEVICES"], env["MASTER_PORT"], env["RANK"]) == ("12", "2,3", "40001", "1")
+    assert (env["MMT_JOB_ID"], env["CUDA_VISIBLE_DEVICES"], env["MASTER_PORT"], env["RANK"]) == \
+        ("12", "2,3", "40001", "1")
     assert env["MMT_CLUSTER_HOSTS_FILE"] == f"{workspace}/inputs/cluster-hosts"
     hosts = next(f for f in spec["files"] if f["path"] == "inputs/cluster-hosts")
     assert hosts["content"] == "127.0.0.1 main1\n127.0.0.1 sub1\n10.0.0.2 sub2\n"
