@@ -238,8 +238,10 @@ class ApiClient:
                             {"result": result, "files": files, "manifest": manifest})
 
     def complete_job(self, job_id: int, worker_id: str, lease_id: str, status: str, *, exit_code: int | None = None,
-                     error: str | None = None, end_reason: str | None = None) -> dict:
+                     error: str | None = None, end_reason: str | None = None, replica: str | None = None) -> dict:
         body: dict = {"status": status}
+        if replica:
+            body["replica"] = replica  # a cluster job ended by this replica (docs/cluster-jobs.md "End")
         if exit_code is not None:
             body["exit_code"] = exit_code
         if error:

@@ -725,15 +725,9 @@ class JobRunner:
         return True
 
     def send_completion(self, completion: dict) -> dict:
-        if not completion.get("replica"):
-            return self.api.complete_job(self.id, self.config.worker_id, self.lease, completion["status"],
-                                         exit_code=completion.get("exit_code"), error=completion.get("error"),
-                                         end_reason=completion.get("end_reason"))
-        # ApiClient.complete_job has no `replica` yet (docs/cluster-jobs.md "End"): the same body with it.
-        body = {k: completion[k] for k in ("status", "exit_code", "error", "end_reason", "replica")
-                if completion.get(k) is not None and completion.get(k) != ""}
-        return self.api.request("POST", f"worker/jobs/{self.id}/complete",
-                                {"worker_id": self.config.worker_id, "lease_id": self.lease, **body})
+        return self.api.complete_job(self.id, self.config.worker_id, self.lease, completion["status"],
+                                     exit_code=completion.get("exit_code"), error=completion.get("error"),
+                                     end_reason=completion.get("end_reason"), replica=completion.get("replica"))
 
     # -- heartbeats and stop requests ------------------------------------------------------------
 
