@@ -12,7 +12,6 @@ import pytest
 from jobs import services as job_services
 from jobs.models import Job
 from mado.services import Actor
-from tests.peers.slurm import slurm_two_nodes  # noqa: F401  (session fixture, started only when asked for)
 from tests.peers.sshd import sshd  # noqa: F401  (session fixture)
 from tests.site_agent.site_world import registered, server  # noqa: F401  (fixtures)
 from tests.site_e2e.conftest import Site, login_home, open_site, settle, slurm_job_shell  # noqa: F401
@@ -21,7 +20,7 @@ from tests.sites.site_jobs import no_expiry_throttle  # noqa: F401  (autouse)
 
 
 @pytest.fixture(scope="session")
-def two_node_conf(login_home, slurm_two_nodes) -> Path:  # noqa: F811
+def two_node_conf(login_home, slurm_two_nodes) -> Path:  # noqa: F811  (slurm_two_nodes: a plugin of tests/conftest)
     """The two-node cluster's slurm.conf where the login user can read it."""
     conf = login_home / "slurm-two-nodes.conf"
     shutil.copy(slurm_two_nodes.conf, conf)

@@ -51,7 +51,7 @@ def replicas(world, site, lclient):
 
 
 def started(replicas, *, running=True):
-    item, main, sub = replicas
+    _, main, sub = replicas
     for runner, name in ((main, "main1"), (sub, "sub1")):
         assert runner.start(replica=name).status_code == 200
         if running:

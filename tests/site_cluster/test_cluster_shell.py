@@ -87,7 +87,7 @@ def test_sbatch_asks_for_one_node_per_replica_and_the_batch_script_starts_one_ru
 
 
 def test_an_ordinary_job_keeps_one_node_and_one_task(tmp_path):
-    script, spec, _ = render(tmp_path, size=1, gpus=0)
+    script, _, _ = render(tmp_path, size=1, gpus=0)
     assert "MMT_CLUSTER_SIZE" not in script.read_text().split("# ---- job shell ----")[0]
     bin_dir = tmp_path / "bin"
     standin(bin_dir, "sbatch", stdout="4242\n")
