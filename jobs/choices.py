@@ -37,6 +37,7 @@ class EndReason(models.TextChoices):
     QUEUE_TIMEOUT = "queue_timeout", _("Queue timeout")
     INVALID_RESULT = "invalid_result", _("Invalid result.json")
     START_FAILED = "start_failed", _("Could not start")
+    INPUT_FAILED = "input_failed", _("Input dataset not delivered")
     # A cluster job's sub failed before main1 ended; the job's end_replica names it.
     REPLICA_FAILED = "replica_failed", _("A replica failed")
 

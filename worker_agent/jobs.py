@@ -91,9 +91,13 @@ class LeaseRejected(Exception):
 
 
 class StartFailed(Exception):
-    def __init__(self, message: str):
+    """The job cannot start; `reason` is its end reason (input_failed when an input dataset version
+    could not be delivered, start_failed otherwise)."""
+
+    def __init__(self, message: str, reason: str = "start_failed"):
         super().__init__(message)
         self.message = message
+        self.reason = reason
 
 
 def lease_gone(exc: ApiError) -> bool:
@@ -324,7 +328,7 @@ class JobRunner:
                 self.ensure_started()
             except StartFailed as exc:
                 log.warning("job %s could not start: %s", self.id, exc.message)
-                self.save(completion={"status": "failed", "end_reason": "start_failed",
+                self.save(completion={"status": "failed", "end_reason": exc.reason,
                                       "error": mask_tokens(exc.message, self.job.get("job_token") or "")})
             if self.record["completion"] is None and self.record["final"] is None:
                 final = self.follow()
@@ -423,7 +427,7 @@ class JobRunner:
                 dataset_transfer.release(self.connection(), self.id, python=self.python, working_dir=self.working_dir)
             except Exception as error:
                 log.info("job %s: its dataset cache pins stay until they lapse (%s)", self.id, error)
-            raise StartFailed(exc.message) from None
+            raise StartFailed(exc.message, reason="input_failed") from None
         if answers:
             dataset_transfer.report_usage(self.api, self.job, self.config.worker_id, self.lease, answers[-1]["usage"])
 
@@ -909,7 +913,7 @@ class ClusterRunner(JobRunner):
                 replica.save(final={"status": "refused", "error": message})
                 states[replica.name] = {"status": "refused"}
             except StartFailed as exc:
-                return self.start_failed(replica, exc.message, present=states)
+                return self.start_failed(replica, exc.message, reason=exc.reason, present=states)
         present = {name for name, state in states.items() if state.get("status") != "absent"}
         fresh = [r for r in self.replicas if r.name not in present]
         if fresh and self.started:
@@ -944,14 +948,14 @@ class ClusterRunner(JobRunner):
         try:
             self.ensure_cluster_facts()
         except StartFailed as exc:
-            self.start_failed(self.main, exc.message, present=present)
+            self.start_failed(self.main, exc.message, reason=exc.reason, present=present)
             return False
         specs = {}
         for replica in fresh:
             try:
                 specs[replica.name] = replica.prepare()
             except StartFailed as exc:
-                self.start_failed(replica, exc.message, present=present)
+                self.start_failed(replica, exc.message, reason=exc.reason, present=present)
                 return False
         with self._lock:
             if self.cancel_requested:
@@ -963,7 +967,7 @@ class ClusterRunner(JobRunner):
             try:
                 answer = replica.start_supervisor(specs[replica.name])
             except StartFailed as exc:
-                self.start_failed(replica, exc.message, present=started)
+                self.start_failed(replica, exc.message, reason=exc.reason, present=started)
                 return False
             started.add(replica.name)
             replica.started = True
@@ -973,14 +977,14 @@ class ClusterRunner(JobRunner):
                      (answer.get("supervisor") or {}).get("pid"))
         return True
 
-    def start_failed(self, replica: ReplicaRunner, message: str, *, present=()) -> None:
+    def start_failed(self, replica: ReplicaRunner, message: str, *, reason: str = "start_failed", present=()) -> None:
         """One replica cannot start: those started are stopped, and the job fails naming the replica."""
         log.warning("job %s: %s could not start: %s", self.id, replica.name, message)
         if isinstance(present, dict):  # poll answers so far: those with a workspace may run
             present = {name for name, state in present.items() if state.get("status") != "absent"}
         self.stop_replicas([r for r in self.replicas if r.name in set(present) and r is not replica])
         error = mask_tokens(f"{replica.name}: {message}", self.job.get("job_token") or "")
-        self.save(completion={"status": "failed", "end_reason": "start_failed", "replica": replica.name,
+        self.save(completion={"status": "failed", "end_reason": reason, "replica": replica.name,
                               "error": error})
 
     def ensure_cluster_facts(self) -> dict:

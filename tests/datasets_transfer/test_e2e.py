@@ -136,7 +136,7 @@ def test_a_byte_corrupted_in_transit_fails_the_job(e2e, settings, tmp_path, live
     finally:
         port.close()
     assert port.done
-    assert (job.status, job.end_reason) == ("failed", "start_failed")
+    assert (job.status, job.end_reason) == ("failed", "input_failed")
     assert f"Input dataset version {version.pk} (speech v1) could not be delivered" in job.error
     assert "needle.bin" in job.error and "does not match its sha256" in job.error, job.error
     assert not (entry_dir(e2e, version) / "complete.json").exists()
@@ -153,7 +153,7 @@ def test_a_file_the_server_no_longer_has_fails_at_once(e2e, version, mode, setti
     (settings.MEDIA_ROOT / entry.file.file.name).unlink()
     e2e.start_worker()
     job = e2e.wait_ended(checking_job(e2e, [version]), timeout=120)
-    assert (job.status, job.end_reason) == ("failed", "start_failed")
+    assert (job.status, job.end_reason) == ("failed", "input_failed")
     assert "404" in job.error and "big/audio.bin" in job.error or "no longer holds" in job.error, job.error
     assert "failed 3 times" not in job.error and "trying again" not in e2e.worker_output()
     assert job.finished_at and job.claimed_at and (job.finished_at - job.claimed_at).total_seconds() < 30
