@@ -215,6 +215,8 @@ def queued_reason(job: Job) -> str | None:
     """A sentence for a queued cluster job, like the peer's PENDING; read without locks."""
     if not job.is_cluster or job.status != "queued":
         return None
+    if job.target.kind == "site":
+        return None  # the site's scheduler places the replicas: there is nothing to count here
     size, per = job.cluster_size, job.gpus_per_replica
     need = f"Needs {size} replicas × {per} GPU{'' if per == 1 else 's'}"
     if job.is_multi_node:

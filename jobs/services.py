@@ -30,6 +30,7 @@ from mado.choices import Role
 from mado.errors import Conflict, Forbidden, ServiceError
 from mado.services import Actor, audit
 from mado.validation import BIGINT_MAX, INT32_MAX, INT32_MIN, as_int
+from sites import shells as site_shells
 from workers.longpoll import notify
 from workers.models import Worker
 
@@ -87,9 +88,10 @@ def _clean_job(user, project, data: dict) -> tuple[dict, dict]:
         check_can_submit(user, target)  # 422 site_account_required until My settings are saved
         if target.site_settings.submission == "manual":
             values["status"] = JobStatus.WAITING_MANUAL  # until its requester runs mado-tracking submit
-        if values["cluster_size"] > 1 and not _site_runs_clusters(target):
-            errors["cluster_size"] = ["Cluster jobs do not run on site computers yet; choose an SSH computer "
-                                      "or a compute group."]
+        if values["cluster_size"] > 1 and not site_shells.runs_clusters(target):
+            errors["cluster_size"] = [f"{target.name}'s job shell does not run cluster jobs (only a job shell that "
+                                      "defines mmt_supports_clusters, such as the Slurm template, starts one runner "
+                                      "per node); choose a Slurm site, an SSH computer or a compute group."]
     values["target"] = target
     if runtime not in target.runtimes:
         errors["runtime"] = [f"{target.name} supports {', '.join(target.runtimes) or 'no runtime yet'}; "
@@ -182,15 +184,6 @@ def _chosen_computer(user, data: dict) -> ComputeTarget:
         raise ServiceError(f"The computer {target.name} is disabled; choose another or ask its owner to enable it.",
                            "computer_disabled", fields={"computer": ["Disabled."]})
     return target
-
-
-def _site_runs_clusters(target: ComputeTarget) -> bool:
-    """Whether the site's job shell starts one runner per node (issue 9 §6); the sites app says so by
-    providing sites.shells.runs_clusters(target) once its Slurm path does."""
-    from sites import shells
-
-    runs = getattr(shells, "runs_clusters", None)
-    return bool(runs and runs(target))
 
 
 # Claim ------------------------------------------------------------------------------------------

@@ -51,10 +51,11 @@ class TestCreation:
                        runtime="apptainer", image="x.sif")
         assert "No enabled computer of the compute group lab-nodes" in text and "supports apptainer" in text
 
-    def test_site_computers_refuse_cluster_jobs_with_a_clear_message(self, world, make_site):
-        site = make_site(world.global_admin, visibility="public")
+    def test_sites_whose_job_shell_starts_no_runner_per_node_refuse_cluster_jobs_with_a_clear_message(
+            self, world, make_site):
+        site = make_site(world.global_admin, visibility="public", template="gridengine", runtimes=["python"])
         text = refused(world, "cluster_size", computer=site.pk, cluster_size=2)
-        assert "do not run on site computers yet" in text
+        assert "job shell does not run cluster jobs" in text and "choose a Slurm site" in text
 
     def test_size_1_is_an_ordinary_job_whatever_the_mode(self, world, gpu_box, job_worker):
         body = create(world, computer=gpu_box.pk, cluster_size=1, cluster_mode="multi-node", gpu_ids=["2"])

@@ -27,7 +27,9 @@ from tests.sites.site_jobs import (  # noqa: F401  (fixtures)
 )
 
 pytestmark = pytest.mark.django_db
-SITE_REFUSAL = "Cluster jobs do not run on site computers yet; choose an SSH computer or a compute group."
+SITE_REFUSAL = ("grid-cluster's job shell does not run cluster jobs (only a job shell that defines mmt_supports_clusters, "
+                "such as the Slurm template, starts one runner per node); choose a Slurm site, an SSH computer or a "
+                "compute group.")
 
 
 @pytest.fixture
