@@ -42,7 +42,8 @@ def _runner(ctx: click.Context):
     return obj.get("runner") or inst.Runner()
 
 
-def _setup_logging(level: str) -> None:
+def setup_logging(level: str) -> None:
+    """Agent logs on stderr; paramiko's and urllib3's chatter only from warnings up."""
     logging.basicConfig(level=getattr(logging, level.upper(), logging.INFO), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("paramiko").setLevel(logging.WARNING)
@@ -90,7 +91,7 @@ def run(once, api_url, worker_id, target_ids, state_dir, token_file, log_level):
         state.lock()
     except StateDirError as exc:
         raise Fail(str(exc)) from None
-    _setup_logging(log_level)
+    setup_logging(log_level)
     worker = Worker(config)
     try:
         code = worker.run_once() if once else worker.run_forever()

@@ -20,6 +20,7 @@ from pathlib import Path
 import click
 
 from worker_agent import __version__
+from worker_agent.cli import setup_logging
 from worker_agent.text import mask_tokens
 
 EXIT_CONFIG = 2
@@ -60,13 +61,6 @@ def _api_url(value: str | None) -> str:
         raise ConfigError("Set MMT_API_URL (or --api-url) to the address of the Mado server, for example "
                           "https://tracking.example.org.")
     return validate_api_url(value)
-
-
-def _setup_logging(level: str) -> None:
-    logging.basicConfig(level=getattr(logging, level.upper(), logging.INFO), stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("paramiko").setLevel(logging.WARNING)
-    logging.getLogger("urllib3").setLevel(logging.WARNING)
 
 
 # -- mado-tracking-launcher ------------------------------------------------------------------------
@@ -129,7 +123,7 @@ def run(once, api_url, token_file, state_dir, long_poll, log_level):
     except OSError as exc:
         raise Fail(f"The state directory cannot be used: {exc.strerror or exc}.") from None
     lock = _lock(path)
-    _setup_logging(log_level)
+    setup_logging(log_level)
     launcher = Launcher(SiteApi(url, token), path, long_poll=long_poll)
 
     def on_signal(signum, frame):
