@@ -1,6 +1,8 @@
 """Small helpers shared by the test directories."""
 from __future__ import annotations
 
+import os
+import signal
 import time
 
 
@@ -36,3 +38,35 @@ while written < size:
 out.write(b"".join(block))
 out.flush()
 '''
+
+
+def processes_under(path: str) -> list[int]:
+    """PIDs whose command line mentions `path` (supervisors and jobs of a working directory)."""
+    found = []
+    needle = path.encode()
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{name}/cmdline", "rb") as f:
+                cmdline = f.read()
+            with open(f"/proc/{name}/stat", "rb") as f:
+                state = f.read().rsplit(b")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if needle in cmdline and state not in (b"Z", b"X"):
+            found.append(int(name))
+    return found
+
+
+def kill_all(pids) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def kill_processes_under(path: str) -> None:
+    """SIGKILL to what a test left running under `path` (supervisors and job code)."""
+    kill_all(processes_under(path))

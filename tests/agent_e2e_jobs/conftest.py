@@ -26,6 +26,7 @@ from jobs import services as job_services
 from jobs.models import GpuReservation, Job, JobEvent, LogChunk
 from mado.services import Actor
 from tests.peers.sshd import Sshd, sshd, start_sshd  # noqa: F401  (sshd: the shared fixture)
+from tests.support import kill_all, processes_under
 
 WORKER = str(Path(sys.executable).with_name("mado-tracking-worker"))
 CLAIM_WAIT = 2
@@ -75,33 +76,6 @@ class WorkerProcess:
                 self.process.wait()
         self.log_file.close()
         return self.process.returncode
-
-
-def processes_under(path: str) -> list[int]:
-    """PIDs whose command line mentions `path` (supervisors and jobs of a working directory)."""
-    found = []
-    needle = path.encode()
-    for name in os.listdir("/proc"):
-        if not name.isdigit() or int(name) == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{name}/cmdline", "rb") as f:
-                cmdline = f.read()
-            with open(f"/proc/{name}/stat", "rb") as f:
-                state = f.read().rsplit(b")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if needle in cmdline and state not in (b"Z", b"X"):
-            found.append(int(name))
-    return found
-
-
-def kill_all(pids) -> None:
-    for pid in pids:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
 
 
 class E2E:
@@ -223,8 +197,6 @@ class E2E:
             worker.stop()
         kill_all(processes_under(str(self.working_dir)))
         shutil.rmtree(self.working_dir, ignore_errors=True)
-
-
 
 
 @pytest.fixture

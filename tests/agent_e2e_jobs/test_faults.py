@@ -13,8 +13,8 @@ import time
 import pytest
 
 from jobs.models import JobEvent, LogChunk, Metric
-from tests.agent_e2e_jobs.conftest import (WORKER, FlakyPort, counter_errors, counter_lines, job_lines, processes_under,
-                                           wait_until)
+from tests.agent_e2e_jobs.conftest import WORKER, FlakyPort, counter_errors, counter_lines, job_lines, wait_until
+from tests.support import processes_under
 from tests.peers.sshd import SSHD, start_sshd
 from worker_agent import supervisor
 

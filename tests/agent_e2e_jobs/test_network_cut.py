@@ -11,7 +11,8 @@ import uuid
 
 import pytest
 
-from tests.agent_e2e_jobs.conftest import processes_under, wait_until
+from tests.agent_e2e_jobs.conftest import wait_until
+from tests.support import processes_under
 from tests.agent_e2e_jobs.test_faults import assert_complete_logs, kill_sshd, pid_alive
 from tests.peers.sshd import SSHD, start_sshd
 from worker_agent import supervisor

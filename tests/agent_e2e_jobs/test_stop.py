@@ -11,7 +11,7 @@ from django.db import transaction
 
 from jobs import services as job_services
 from mado.services import Actor
-from tests.agent_e2e_jobs.conftest import processes_under
+from tests.support import processes_under
 from tests.agent_e2e_jobs.test_faults import pid_alive
 from worker_agent import supervisor
 

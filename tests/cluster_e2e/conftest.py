@@ -36,12 +36,11 @@ from tests.agent_e2e_jobs.conftest import (
     CLAIM_WAIT,
     TARGET_PYTHON,
     WorkerProcess,
-    kill_all,
     other_sessions,
-    processes_under,
     wait_until,
 )
 from tests.peers.sshd import CONFIG, SSHD, ensure_login_user, keygen, sshd  # noqa: F401  (sshd: the fixture)
+from tests.support import kill_all, processes_under
 
 PREFIX = "mmtc"
 BRIDGE = f"{PREFIX}-br"

@@ -7,7 +7,7 @@ import shutil
 import time
 
 from jobs.models import GpuReservation, JobEvent, JobReplica
-from tests.agent_e2e_jobs.conftest import processes_under
+from tests.support import processes_under
 from tests.cluster_e2e.conftest import RENDEZVOUS, replica_env
 from worker_agent import supervisor
 

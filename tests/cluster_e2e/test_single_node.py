@@ -7,7 +7,7 @@ from django.db import transaction
 
 from jobs import services as job_services
 from mado.services import Actor
-from tests.agent_e2e_jobs.conftest import processes_under
+from tests.support import processes_under
 from tests.cluster_e2e.conftest import RENDEZVOUS, replica_env
 from worker_agent import supervisor
 

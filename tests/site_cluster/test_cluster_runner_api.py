@@ -204,3 +204,46 @@ def test_an_ordinary_jobs_runner_names_no_other_replica(world, site, lclient):
     runner = Runner(item["jobs"][0]["id"], item["jobs"][0]["token"])
     assert_error(runner.start(replica="sub1"), 422, "invalid")
     assert runner.start(replica="main1").status_code == 200
+
+
+def test_main1_learns_which_subs_have_not_ended_and_a_sub_finishing_after_main1s_code_ended_keeps_every_line(
+        replicas):
+    """The wait of docs/sites-protocol.md "Cluster jobs": main1's code has ended and its runner asks
+    the heartbeat which subs are still running; sub1 sends its last lines and finishes its replica; only
+    then does main1's finish end the Job, and every sub1 line is stored."""
+    item, main, sub = replicas
+    assert main.start(replica="main1").json()["replica_wait_seconds"] == submissions.REPLICA_WAIT_SECONDS == 10
+    assert sub.start(replica="sub1").status_code == 200
+    assert main.heartbeat("running").json()["replicas_running"] == ["sub1"]
+    assert sub.heartbeat("running").json() == {"cancel_requested": False, "status": "running",
+                                               "replicas_running": ["sub1"]}
+    assert main.post("logs", chunks=[{"stream": "stdout", "offset": 0, "data": "main done\n"}]).status_code == 200
+
+    # main1's code ended: its runner heartbeats until sub1 is no longer listed.
+    assert main.heartbeat().json()["replicas_running"] == ["sub1"]
+    lines = [f"sub1 line {i}\n" for i in range(5)]
+    at = 0
+    for line in lines:
+        assert sub.post("logs", chunks=[{"stream": "stdout", "offset": at, "data": line}]).status_code == 200
+        at += len(line)
+    assert sub.finish("finished", exit_code=0).json()["status"] == "running", "a sub's end is not the Job's"
+    assert main.heartbeat().json() == {"cancel_requested": False, "status": "running", "replicas_running": []}
+    assert main.finish("finished", exit_code=0).json()["status"] == "finished"
+
+    job = Job.objects.get(pk=main.job_id)
+    assert (job.status, job.end_replica) == ("finished", "main1")
+    assert "".join(LogChunk.objects.filter(job_id=job.pk, replica="sub1").order_by("offset")
+                   .values_list("data", flat=True)) == "".join(lines)
+
+
+def test_a_sub_that_never_started_counts_as_running_and_an_ordinary_job_gets_no_wait(world, site, lclient,
+                                                                                       replicas):
+    _, main, _ = replicas
+    assert main.start(replica="main1").status_code == 200
+    assert main.heartbeat().json()["replicas_running"] == ["sub1"]
+
+    queue(site, world.member, world.project, 1)
+    item = submitted(lclient, site)
+    runner = Runner(item["jobs"][0]["id"], item["jobs"][0]["token"])
+    assert "replica_wait_seconds" not in runner.start().json()
+    assert runner.heartbeat().json() == {"cancel_requested": False, "status": "waiting_resources"}

@@ -30,8 +30,8 @@ from sites.models import LauncherKey, Submission
 from tests.peers.sshd import sshd  # noqa: F401  (session fixture)
 from tests.site_agent.conftest import authorize, known_hosts_text
 from tests.site_agent.site_world import launcher_for, registered, server  # noqa: F401  (fixtures)
-from tests.site_runner.conftest import kill_processes_under, other_sessions
-from tests.support import wait_for
+from tests.site_runner.conftest import other_sessions
+from tests.support import kill_processes_under, wait_for
 
 SLURM_PREFIX = 'export SLURM_CONF="$MMT_VAR_SLURM_CONF"  # this cluster\'s configuration\n'
 GRIDENGINE_PREFIX = 'export SGE_ROOT="$MMT_VAR_SGE_ROOT" SGE_CELL="$MMT_VAR_SGE_CELL"  # this cell\n'

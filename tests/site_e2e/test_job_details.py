@@ -3,7 +3,6 @@ id to look for in squeue or qstat. No scheduler is needed for this: the launcher
 through the services (sites.submissions) as the launcher endpoints call them."""
 from __future__ import annotations
 
-import pytest
 
 from jobs import services as job_services
 from mado.services import Actor

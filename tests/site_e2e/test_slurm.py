@@ -16,7 +16,6 @@ import sys
 from datetime import timedelta
 from pathlib import Path
 
-import pytest
 from django.utils import timezone
 
 from jobs.models import JobEvent, Metric

@@ -34,7 +34,7 @@ from mado.services import Actor
 from sites import services as site_services
 from sites import submissions
 from tests.sites.conftest import host_keys, launcher, site_fields  # noqa: F401  (fixtures)
-from tests.support import wait_for
+from tests.support import kill_processes_under, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 BUNDLE = ("worker_agent/__init__.py", "worker_agent/supervisor.py", "worker_agent/runtimes.py",
@@ -234,22 +234,6 @@ class SiteRunner:
             kill_processes_under(f"{self.work_dir}/.mmt/jobs/{job_id}")
 
 
-def kill_processes_under(path: str) -> None:
-    """SIGKILL to processes whose command line names `path` (supervisors and job code a test left)."""
-    needle = path.encode()
-    for name in os.listdir("/proc"):
-        if not name.isdigit() or int(name) == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{name}/cmdline", "rb") as f:
-                cmdline = f.read()
-        except OSError:
-            continue
-        if needle in cmdline:
-            try:
-                os.kill(int(name), signal.SIGKILL)
-            except ProcessLookupError:
-                pass
 
 
 @pytest.fixture(scope="session")
