@@ -1,7 +1,9 @@
 """The runner API (docs/sites-protocol.md): the runner on a site's compute node reports its Job with
 the Job's job token, and only that Job. Every call names the runner (`runner_id`); a second runner of
 the same Job is refused with 409 runner_conflict. A cluster job has one runner per replica: each
-starts with its `replica`, and a second runner of the same replica is the conflict. Thin views over
+starts with its `replica`, and a second runner of the same replica is the conflict; a cluster job's
+start answer adds `replica_wait_seconds` and its heartbeat answer `replicas_running` (the subs not
+ended yet), which main1's runner waits on before its finish ends the Job. Thin views over
 sites.submissions."""
 from __future__ import annotations
 
@@ -39,17 +41,24 @@ class RunnerStartView(RunnerView):
     def post(self, request, job_id):
         job = submissions.runner_start(job_id, json_object(request))
         site = SiteSettings.objects.get(target_id=job.target_id)
-        return Response({"job": submissions.runner_job_payload(job, None, site),
-                         "status": job.status,
-                         "heartbeat_seconds": submissions.HEARTBEAT_SECONDS,
-                         "log_interval_seconds": submissions.LOG_INTERVAL_SECONDS})
+        answer = {"job": submissions.runner_job_payload(job, None, site),
+                  "status": job.status,
+                  "heartbeat_seconds": submissions.HEARTBEAT_SECONDS,
+                  "log_interval_seconds": submissions.LOG_INTERVAL_SECONDS}
+        if job.is_cluster:
+            answer["replica_wait_seconds"] = submissions.REPLICA_WAIT_SECONDS
+        return Response(answer)
 
 
 class RunnerHeartbeatView(RunnerView):
     @extend_schema(operation_id="runner_heartbeat", request=OpenApiTypes.OBJECT, responses=OpenApiTypes.OBJECT)
     def post(self, request, job_id):
         job = submissions.runner_heartbeat(job_id, json_object(request))
-        return Response({"cancel_requested": job.stop_requested_at is not None, "status": job.status})
+        answer = {"cancel_requested": job.stop_requested_at is not None, "status": job.status}
+        if job.is_cluster:
+            # main1's runner, its code ended, waits for these before its finish ends the Job.
+            answer["replicas_running"] = submissions.replicas_running(job)
+        return Response(answer)
 
 
 class RunnerLogsView(RunnerView):

@@ -40,6 +40,9 @@ OUTCOMES = {"submitted": SubmissionStatus.SUBMITTED, "failed": SubmissionStatus.
             "not_tried": SubmissionStatus.NOT_TRIED}
 HEARTBEAT_SECONDS = 5
 LOG_INTERVAL_SECONDS = 1
+# How long main1's runner of a cluster job waits, once its code ended, for the subs to finish (so their
+# last log lines arrive before main1's finish revokes the job token); told in the start answer.
+REPLICA_WAIT_SECONDS = 10
 _last_expiry = 0.0
 
 
@@ -479,7 +482,9 @@ def report_cancellation(launcher: Launcher, data: dict) -> dict:
 # A cluster job has one runner per replica, all holding the Job's one job token: each starts with its
 # `replica` and is kept in Submission.replica_runners, so runner_conflict means the same replica
 # twice; every later call finds its replica by runner_id. The Job ends when main1 ends or a sub fails
-# (docs/cluster-jobs.md, "End"); the token goes with it, so the other runners meet 401 and stop.
+# (docs/cluster-jobs.md, "End"); the token goes with it, so the other runners meet 401 and stop. A sub
+# that exits 0 is recorded as ended, and every cluster heartbeat answers which subs have not ended:
+# main1's runner waits for them (REPLICA_WAIT_SECONDS at most) before its finish ends the Job.
 
 @dataclass
 class RunnerCall:
@@ -615,6 +620,13 @@ def runner_heartbeat(job_id: int, data: dict) -> Job:
                                 else "Started")
         job.save(update_fields=fields)
     return job
+
+
+def replicas_running(job: Job) -> list[str]:
+    """The subs of a cluster Job that have not reported their end (started or not), in order."""
+    row = Submission.objects.filter(job=job).only("replica_runners").first()
+    runners = (row.replica_runners if row else None) or {}
+    return [name for name in job.replica_names[1:] if not (runners.get(name) or {}).get("ended")]
 
 
 def _replica_running(call: RunnerCall, now) -> bool:

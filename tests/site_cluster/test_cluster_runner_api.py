@@ -211,7 +211,7 @@ def test_main1_learns_which_subs_have_not_ended_and_a_sub_finishing_after_main1s
     """The wait of docs/sites-protocol.md "Cluster jobs": main1's code has ended and its runner asks
     the heartbeat which subs are still running; sub1 sends its last lines and finishes its replica; only
     then does main1's finish end the Job, and every sub1 line is stored."""
-    item, main, sub = replicas
+    _, main, sub = replicas
     assert main.start(replica="main1").json()["replica_wait_seconds"] == submissions.REPLICA_WAIT_SECONDS == 10
     assert sub.start(replica="sub1").status_code == 200
     assert main.heartbeat("running").json()["replicas_running"] == ["sub1"]
@@ -236,7 +236,7 @@ def test_main1_learns_which_subs_have_not_ended_and_a_sub_finishing_after_main1s
                    .values_list("data", flat=True)) == "".join(lines)
 
 
-def test_a_sub_that_never_started_counts_as_running_and_an_ordinary_job_gets_no_wait(world, site, lclient,
+def test_a_sub_that_never_started_counts_as_running_and_an_ordinary_job_gets_no_wait(world, site, lclient,  # noqa: F811
                                                                                        replicas):
     _, main, _ = replicas
     assert main.start(replica="main1").status_code == 200

@@ -6,8 +6,6 @@ the Job, so a sub's last lines written after main1's code ended are all stored; 
 past the wait is stopped and exits 0."""
 from __future__ import annotations
 
-import pytest
-
 from jobs.models import JobEvent, LogChunk
 from sites import submissions
 from tests.site_runner.conftest import site, site_work_dir  # noqa: F401  (fixtures)

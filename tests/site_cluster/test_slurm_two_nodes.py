@@ -2,7 +2,8 @@
 end: the in-process launcher logs in to the real sshd, writes the spec directory and runs the built-in
 Slurm job shell (sbatch --nodes=2 --ntasks-per-node=1); the batch script starts one runner per node
 with srun; each runner learns its replica from SLURM_PROCID, runs the code with the cluster variables
-and reports its own logs with the Job's token. Run under flock /tmp/mado-schedulers.lock."""
+and reports its own logs with the Job's token; main1's runner waits for sub1's end before its finish
+ends the Job, so every line of both replicas is stored. Run under flock /tmp/mado-schedulers.lock."""
 from __future__ import annotations
 
 import re
@@ -13,6 +14,8 @@ from tests.support import wait_for
 
 # Every replica prints its cluster variables and hosts file; main1 listens on MASTER_PORT and each
 # sub connects to MASTER_ADDR:MASTER_PORT and says its name (a rendezvous without any ML library).
+# main1 ends as soon as it heard the sub (after `{linger}` s); the sub writes its last lines a second
+# after that: they are stored because main1's runner waits for the sub's end before ending the Job.
 RENDEZVOUS = '''\
 import os, socket, sys, time
 names = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "NODE_RANK", "LOCAL_RANK")
@@ -26,7 +29,7 @@ if os.environ["MMT_CLUSTER_ROLE"] == "main":
     conn, _ = server.accept()
     print("main1 heard " + conn.recv(64).decode(), flush=True)
     conn.close()
-    time.sleep({linger})  # the subs' last lines reach the server before main1's end ends the Job
+    time.sleep({linger})
 else:
     for _ in range(600):
         try:
@@ -37,11 +40,15 @@ else:
     sock.sendall(os.environ["MMT_CLUSTER_HOST"].encode())
     sock.close()
     print(os.environ["MMT_CLUSTER_HOST"] + " connected", flush=True)
-    sys.exit({sub_exit})
+    if {sub_exit}:
+        sys.exit({sub_exit})
+    time.sleep(1)
+    for i in range(20):
+        print(f"{os.environ['MMT_CLUSTER_HOST']} last line {i:02d}", flush=True)
 '''
 
 
-def rendezvous(*, sub_exit: int = 0, linger: float = 3) -> str:
+def rendezvous(*, sub_exit: int = 0, linger: float = 0) -> str:
     return RENDEZVOUS.replace("{linger}", str(linger)).replace("{sub_exit}", str(sub_exit))
 
 
@@ -88,7 +95,8 @@ def test_a_two_node_cluster_job_runs_one_runner_per_node_and_both_report(two_nod
     assert seen["main1"]["MASTER_PORT"] == seen["sub1"]["MASTER_PORT"]
     assert 1024 <= int(seen["main1"]["MASTER_PORT"]) <= 65535
     assert "hosts:127.0.0.1 main1;127.0.0.1 sub1;" in main and "hosts:127.0.0.1 main1;127.0.0.1 sub1;" in sub
-    assert main.endswith("main1 heard sub1\n") and sub.endswith("sub1 connected\n")
+    assert main.endswith("main1 heard sub1\n")
+    assert sub.endswith("sub1 connected\n" + "".join(f"sub1 last line {i:02d}\n" for i in range(20))), sub
 
     summary = submissions.submission_summary(job)
     assert [r["replica"] for r in summary["replica_runners"] if r["started_at"]] == ["main1", "sub1"]

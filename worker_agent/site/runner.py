@@ -42,7 +42,11 @@ address (its NodeAddr, resolved) and `MASTER_PORT` the batch script's `MMT_MASTE
 on the first node with `runner.py --free-port`), else 40000 + the job id mod 20000. Each replica has
 its own workspace `<working_dir>/.mmt/jobs/<jobId>-<replica>/`, starts with `replica` and sends its
 own logs; only main1 sends outputs. The server ends the Job when main1 ends or a sub fails; the other
-runners then meet 401 and stop their code. A sub that is stopped that way exits 0.
+runners then meet 401 and stop their code. A sub that is stopped that way exits 0. A sub ships all its
+logs before its own `finish`; main1, once its code ended and its logs and outputs are sent, heartbeats
+every second until the answer's `replicas_running` is empty or the start answer's
+`replica_wait_seconds` (10 s) pass, and only then finishes the Job, so the subs' last lines arrive
+before its finish revokes the token.
 
 Exit codes: 0 finished, 1 failed/canceled/timed out, 2 configuration error (bad spec directory,
 unreachable API), 3 the API refused the runner."""
@@ -608,6 +612,10 @@ class Runner:
         self.refused: Refused | None = None
         self._cancel_thread: threading.Thread | None = None
         self.beat_failures = 0
+        # main1 of a cluster job: how long it waits for the subs' ends, and which subs the last heartbeat
+        # answer said had not ended (None: not known).
+        self.replica_wait = 0.0
+        self.replicas_running: list | None = None
         # A cluster job's replica (None for every other Job); which one is known before start.
         self.size = cluster_size_of(spec.job)
         self.replica_index = replica_index(self.size) if self.size > 1 else None
@@ -710,6 +718,8 @@ class Runner:
             answer = self._start_call(body)
         self.heartbeat_seconds = _bounded(answer.get("heartbeat_seconds"), 5.0, 1.0, 60.0)
         self.log_interval = _bounded(answer.get("log_interval_seconds"), 1.0, 0.2, 30.0)
+        # A server that does not say waits for nothing: main1 finishes at once, as before.
+        self.replica_wait = _bounded(answer.get("replica_wait_seconds"), 0.0, 0.0, 120.0)
         return answer
 
     def _start_call(self, body: dict) -> dict:
@@ -764,7 +774,35 @@ class Runner:
             self.heartbeat(final)  # the code ran (however briefly): the Job was running before it ended
             if self.refused is not None:
                 raise self.refused
-        return self.finish(self.conclude(final))
+        completion = self.conclude(final)
+        # Every line before the finish: a sub's finish is its last call, and main1's ends the Job.
+        self.ship_logs(final=True)
+        if not self.wait_for_subs():
+            note(f"Job {self.id} ended on the server while main1 waited for the subs (a sub failed or the Job was "
+                 "stopped): main1's end is not sent.")
+            return EXIT_OK if completion["status"] == "finished" else EXIT_FAILED
+        return self.finish(completion)
+
+    def wait_for_subs(self) -> bool:
+        """main1 of a cluster job whose code ended on its own: heartbeat until every sub has reported its
+        end, or replica_wait_seconds pass (the subs left are stopped once main1's finish ends the Job).
+        False when the Job ended meanwhile."""
+        if self.replica_index != 0 or self.replica_wait <= 0 or self.stop_reason:
+            return True
+        deadline = time.monotonic() + self.replica_wait
+        while True:
+            self.replicas_running = None
+            self.heartbeat({})
+            if self.refused is not None:
+                return False
+            if self.replicas_running == [] or self.stop_reason:
+                return True
+            if time.monotonic() >= deadline:
+                waiting = ", ".join(map(str, self.replicas_running or [])) or "the subs"
+                note(f"{waiting} did not finish within {self.replica_wait:g} s of main1's end: main1 ends the Job "
+                     "now and they are stopped.")
+                return True
+            time.sleep(min(1.0, self.log_interval))
 
     def job_object(self, fresh) -> dict:
         """The claim object (the start answer's, else job.json's) as build_spec and jobenv read it."""
@@ -922,6 +960,8 @@ class Runner:
                 note(f"Heartbeat not delivered ({exc}); the Job runs on and the runner keeps trying.")
             return
         self.beat_failures = 0
+        if isinstance(answer.get("replicas_running"), list):
+            self.replicas_running = answer["replicas_running"]
         if running:
             self.running_reported = True
             note("The Job's code runs (reported running).")
