@@ -52,7 +52,7 @@ def _clean(data: dict, group: ComputeGroup | None) -> tuple[dict, list[ComputeTa
         raise ServiceError(f"A compute group named {name} exists already; choose another name.", "invalid_group",
                            fields={"name": ["Taken."]})
     ids = [str(i) for i in data.get("computers") or []]
-    computers = list(groupable().filter(pk__in=[i for i in ids if i.isdigit()]))
+    computers = list(groupable().filter(pk__in=[i for i in ids if i.isascii() and i.isdigit() and len(i) < 19]))
     if len(computers) != len(set(ids)):
         raise ServiceError("Only SSH computers join a compute group; choose them from the list.", "invalid_group",
                            fields={"computers": ["Not an SSH computer."]})

@@ -30,7 +30,7 @@ def require_write(user, project) -> None:
 def dataset_for(user, project, key: str) -> Dataset:
     """A dataset of the project by id (digits) or by name (any case); names are never all digits."""
     datasets = visible_in(user, project)
-    dataset = (datasets.filter(pk=int(key)) if key.isdigit() and len(key) < 19
+    dataset = (datasets.filter(pk=int(key)) if key.isascii() and key.isdigit() and len(key) < 19
                else datasets.filter(name__iexact=key)).first()
     if dataset is None:
         raise Http404(f"No dataset {key} in project {project.slug}; check the name or id.")

@@ -273,7 +273,7 @@ def check_declarations(project, declared: list[dict]) -> None:
     for index, item in enumerate(declared):
         key = item["dataset_id"]
         where = f"datasets[{index}].datasetId"
-        if key.isdigit():
+        if key.isascii() and key.isdigit():
             if not (len(key) < 19 and Dataset.objects.filter(project=project, pk=int(key)).exists()):
                 raise ServiceError(f"{where}: project {project.slug} has no dataset with id {key}; write an existing "
                                    "dataset's id, or its name (a new name creates the dataset).", "unknown_dataset",
@@ -298,7 +298,7 @@ def register_job_outputs(job) -> list[DatasetVersion]:
 
 
 def _declared_dataset(job, key: str) -> Dataset | None:
-    if key.isdigit():
+    if key.isascii() and key.isdigit() and len(key) < 19:
         dataset = Dataset.objects.filter(project=job.project_id, pk=int(key)).first()
         if dataset is None:
             log.warning("job %s declared dataset %s, deleted since; no version made", job.pk, key)
@@ -406,7 +406,7 @@ def clean_input_datasets(user, project, raw) -> list[DatasetVersion]:
 def _version_id(value) -> int | None:
     if isinstance(value, bool):
         return None
-    if isinstance(value, str) and value.isdigit() and len(value) < 19:
+    if isinstance(value, str) and value.isascii() and value.isdigit() and len(value) < 19:
         value = int(value)
     return value if isinstance(value, int) and 0 < value < 2 ** 63 else None
 

@@ -16,6 +16,7 @@ from computers.services import clean_name_and_visibility
 from mado import access as identity
 from mado.errors import Conflict, Forbidden, ServiceError
 from mado.services import Actor, audit
+from mado.validation import BIGINT_MAX, as_int
 from sites import known_hosts as kh
 from sites import shells
 from sites.choices import (
@@ -432,7 +433,8 @@ def _launcher(raw, automatic: bool, errors: dict) -> Launcher | None:
             errors["launcher"] = [("Choose the launcher that logs in to this site (a global administrator "
                                    "registers launchers).")]
         return None
-    launcher = Launcher.objects.filter(pk=raw).first() if str(raw).isdigit() else None
+    launcher_id = as_int(raw, low=1, high=BIGINT_MAX)
+    launcher = Launcher.objects.filter(pk=launcher_id).first() if launcher_id is not None else None
     if launcher is None:
         errors["launcher"] = ["No launcher with this id."]
         return None
@@ -516,13 +518,12 @@ def _variables(raw, errors: dict) -> dict[str, str]:
 
 
 def _int_in(value, low, high, field, errors, message):
-    try:
-        number = int(value)
-    except (TypeError, ValueError):
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)  # 22.0 from a JSON client is 22; 1e999 (inf) and 2.5 are not whole numbers
+    number = as_int(value, low=low, high=high)
+    if number is None:
         errors[field] = [message]
         return low
-    if isinstance(value, bool) or not low <= number <= high or (isinstance(value, float) and value != number):
-        errors[field] = [message]
     return number
 
 

@@ -12,6 +12,7 @@ from mado.choices import Role
 from tests.computer_fixtures import ScriptedWorker
 from tests.conftest import assert_error
 from tests.job_fixtures import JobWorker, gpu_computer, job_request
+from tests.sites.conftest import host_keys, launcher, site_fields  # noqa: F401  (fixtures)
 
 
 def session(user) -> APIClient:
@@ -23,7 +24,7 @@ def session(user) -> APIClient:
 @pytest.mark.parametrize("extra", [
     {"computer": "²"}, {"computer": 10**30}, {"computer": [1]}, {"walltime_seconds": "²"},
     {"walltime_seconds": 10**30}, {"name": "job\u0000x"}, {"parameters": {"a": "\u0000"}},
-    {"gpu_ids": [{}]}, {"env": {"A": 1}},
+    {"gpu_ids": [{}]}, {"env": {"A": 1}}, {"input_datasets": ["²"]}, {"input_datasets": ["٣"]},
 ])
 def test_bad_job_requests_get_4xx(world, gpu_box, extra):
     response = session(world.member).post("/api/projects/lab/jobs", job_request(gpu_box, **extra), format="json")
@@ -132,3 +133,25 @@ def test_a_large_but_legal_outputs_body_is_read(world, gpu_box, job_worker, sett
     item = job_worker.claim()
     response = job_worker.leased(item, "outputs", result="{}", files=[], manifest="x" * 3_000_000)
     assert response.status_code == 422 and response.json()["code"] != "bad_request"
+
+
+@pytest.mark.parametrize("raw", ['{"port": 1e999}', '{"max_active_submissions": 1e999}',
+                                 '{"queue_timeout_seconds": -1e999}', '{"launcher": "²"}', '{"port": "٣"}'])
+def test_bad_site_changes_get_4xx_and_change_nothing(world, site_fields, raw):
+    from sites import services as site_services
+    from sites.models import SiteSettings
+
+    target = site_services.create_site(services.Actor(world.global_admin), site_fields())
+    before = SiteSettings.objects.filter(target=target).values().get()
+    response = session(world.global_admin).patch(f"/api/sites/{target.pk}", data=raw, content_type="application/json")
+    assert_error(response, 422)
+    assert SiteSettings.objects.filter(target=target).values().get() == before
+    created = session(world.global_admin).post("/api/sites", data=json.dumps(site_fields(name="other"))[:-1] + ", "
+                                               + raw[1:], content_type="application/json")
+    assert 400 <= created.status_code < 500, created.content
+
+
+@pytest.mark.parametrize("key", ["²", "٣", "9" * 30])
+def test_dataset_keys_that_are_not_ascii_numbers_get_404(world, key):
+    response = session(world.member).get(f"/api/projects/lab/datasets/{key}")
+    assert_error(response, 404)
