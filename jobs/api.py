@@ -16,11 +16,9 @@ from mado.api.views import json_object, project_for
 from mado.choices import Role, Scope
 from mado.services import Actor
 from mado.validation import BIGINT_MAX, as_int
-from sites.submissions import expire_overdue, submission_summary
+from sites.submissions import submission_summary
 
 LOG_PAGE = 500
-# Site phases with a deadline (docs/sites-protocol.md): reads end the overdue ones first.
-SITE_WAITING = (JobStatus.SUBMITTING, JobStatus.SUBMITTED)
 JOB_PAGE = 200
 
 
@@ -57,8 +55,7 @@ class ProjectJobsView(APIView):
     def get(self, request, project):
         project = project_for(request, project)
         jobs = access.visible_in(request.user, project).select_related("project", "target", "created_by", "worker")
-        if jobs.filter(status__in=SITE_WAITING).exists():
-            expire_overdue()  # site Jobs past their deadlines show as ended (at most once a second)
+        access.apply_site_deadlines(jobs)  # site Jobs past their deadlines show as ended
         status = request.query_params.get("status")
         if status:
             jobs = jobs.filter(status=status)
@@ -81,7 +78,7 @@ class JobView(APIView):
     @extend_schema(responses=OpenApiTypes.OBJECT)
     def get(self, request, pk):
         job = _job(request, pk)
-        if job.status in SITE_WAITING and expire_overdue():
+        if access.apply_site_deadlines(job):
             job = _job(request, pk)
         body = job_body(request.user, job)
         body["submission"] = submission_summary(job)  # site Jobs: scheduler id, job shell version; else null

@@ -25,6 +25,8 @@ ACTIVE_STATUSES = (JobStatus.QUEUED, JobStatus.CLAIMED, JobStatus.RUNNING, JobSt
 HELD_STATUSES = (JobStatus.CLAIMED, JobStatus.RUNNING)
 TERMINAL_STATUSES = (JobStatus.FINISHED, JobStatus.FAILED, JobStatus.CANCELED)
 # What counts against a site's max active submissions: handed to its scheduler and not ended.
+# Site phases that end by a deadline when nothing arrives (submit_failed, queue_timeout).
+SITE_WAITING_STATUSES = (JobStatus.SUBMITTING, JobStatus.SUBMITTED)
 SITE_ACTIVE_STATUSES = (JobStatus.SUBMITTING, JobStatus.SUBMITTED, JobStatus.WAITING_RESOURCES, JobStatus.RUNNING)
 
 

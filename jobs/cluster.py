@@ -228,6 +228,8 @@ def queued_reason(job: Job) -> str | None:
             return f"No enabled computer of {group.name} that its creator may use supports {job.runtime}."
         where = f"the computers of {group.name}"
     else:
+        if not job.target.enabled:
+            return f"{job.target.name} is disabled: it starts once its owner enables it again."
         members, where = [job.target], job.target.name
     # What the computers could hold if nothing else ran (multi-node adds them up; single-node has one).
     most = sum(Room(c, c.concurrency, list(c.gpu_ids)).holds(per) for c in members)

@@ -109,6 +109,13 @@ class TestSingleNode:
         assert body["queued_reason"].startswith("Needs 3 replicas × 2 GPUs; gpu-host-1 can hold at most 2")
         assert not GpuReservation.objects.filter(job_id=big["id"]).exists()
 
+    def test_a_disabled_computer_is_the_reason_given(self, world, gpu_box):
+        job = create(world, computer=gpu_box.pk, cluster_size=2, gpus_per_replica=1)
+        gpu_box.enabled = False
+        gpu_box.save(update_fields=["enabled"])
+        body = session(world.member).get(f"/api/jobs/{job['id']}").json()
+        assert body["queued_reason"] == "gpu-host-1 is disabled: it starts once its owner enables it again."
+
     def test_more_replicas_than_concurrent_jobs_stays_queued(self, world, job_worker):
         box = gpu_computer(world.global_admin, "small-box", gpus=(), concurrency=2)
         job = create(world, computer=box.pk, cluster_size=3)

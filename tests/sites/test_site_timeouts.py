@@ -110,3 +110,22 @@ def test_expiry_runs_at_most_once_a_second(world, site, lclient, monkeypatch):
     _age(job, claimed_at=timedelta(hours=1))
     assert submissions.expire_overdue() == 0, "within the second: not run"
     assert submissions.expire_overdue(force=True) == 1
+
+
+def test_the_job_pages_end_a_manual_site_job_past_its_queue_timeout(world, host_keys, launcher, client):
+    """No launcher polls a manual site: the Jobs list and the job page apply the deadline themselves."""
+    pc = site_of(world.project_admin, host_keys, launcher, name="alices-pc", submission="manual",
+                 queue_timeout_seconds=600)
+    job = queue(pc, world.member, world.project, status="waiting_manual")[0]
+    bob = bearer(world.member_token(world.member))
+    items = bob.post(f"/api/sites/{pc.pk}/submissions/claim", {}, format="json").json()["items"]
+    reported = bob.post(f"/api/sites/{pc.pk}/submissions/report", {"job_ids": [job.pk], "outcome": "submitted",
+                                                                   "scheduler_job_id": "77"}, format="json")
+    assert reported.status_code == 200, reported.content
+    assert [i["job_ids"] for i in items] == [[job.pk]]
+    client.force_login(world.member)
+    _age(job, reported_at=timedelta(seconds=610))
+    page = client.get(f"/projects/lab/jobs/{job.pk}/").content.decode()
+    job.refresh_from_db()
+    assert (job.status, job.end_reason) == ("failed", "queue_timeout")
+    assert "Queue timeout" in page
