@@ -432,6 +432,21 @@ def input_versions(job) -> list[DatasetVersion]:
     return [row.version for row in job.input_datasets.select_related("version__dataset").order_by("position")]
 
 
+PREFETCH_JOB_INPUTS = "input_datasets__version__dataset"
+
+
+def job_inputs_summary(job) -> list[dict]:
+    """The job's input versions as people see them in the job body, in the order they were given.
+    A list of jobs prefetches `input_datasets__version__dataset` (PREFETCH_JOB_INPUTS) so that its
+    cost does not grow with the number of jobs."""
+    if "input_datasets" in getattr(job, "_prefetched_objects_cache", {}):
+        versions = [row.version for row in sorted(job.input_datasets.all(), key=lambda row: row.position)]
+    else:
+        versions = input_versions(job)
+    return [{"id": v.pk, "dataset": {"id": v.dataset_id, "name": v.dataset.name}, "number": v.number,
+             "digest": v.digest} for v in versions]
+
+
 def claim_payload(job) -> list[dict]:
     """What a worker needs to put each input version into the computer's cache (the claim's
     `input_datasets`): relay reads the `worker_*` URLs with the worker's token and lease; direct

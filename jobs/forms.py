@@ -11,11 +11,11 @@ from django import forms
 from django.utils.translation import gettext_lazy as _
 
 from computers import access as computer_access
-from computers.choices import Runtime
+from computers.choices import Kind, Runtime
 from computers.models import ComputeGroup, ComputeTarget
 from datasets import services as dataset_services
 from jobs.choices import MAX_CLUSTER_SIZE, ClusterMode
-from jobs.services import CONTAINER_RUNTIMES
+from jobs.services import CONTAINER_RUNTIMES, MAX_SITE_GPUS
 from mado.forms import add_service_error as shared_add_service_error
 from mado.validation import BIGINT_MAX, as_int
 
@@ -63,6 +63,11 @@ class JobForm(forms.Form):
     gpu_ids = OpenMultipleChoiceField(label=_("GPU IDs"), required=False, widget=forms.CheckboxSelectMultiple,
                                       help_text=_("The checked GPUs are reserved for this Job and not given to "
                                                   "other Jobs. None checked: the Job runs on CPU only."))
+    # Sites only: their scheduler picks the GPUs, so a site Job asks how many (GPU IDs are for SSH/Local).
+    gpu_count = forms.IntegerField(label=_("GPUs"), min_value=0, max_value=MAX_SITE_GPUS, initial=0, required=False,
+                                   help_text=_("For a site: how many GPUs its scheduler gives the Job (such as Slurm "
+                                               "--gres=gpu:N). 0: CPU only. SSH and Local computers use GPU IDs "
+                                               "instead; a cluster Job uses GPUs per replica."))
     input_datasets = OpenMultipleChoiceField(
         label=_("Input datasets"), required=False, widget=forms.CheckboxSelectMultiple,
         help_text=_("Dataset versions copied into the computer's dataset cache before the Job starts; the Job finds "
@@ -110,6 +115,11 @@ class JobForm(forms.Form):
     @property
     def has_groups(self) -> bool:
         return len(self.fields["compute_group"].choices) > 1
+
+    @property
+    def offers_gpu_count(self) -> bool:
+        """The GPUs count is for sites, whose scheduler picks the GPUs; other computers name GPU IDs."""
+        return bool(self.target and self.target.kind == Kind.SITE)
 
     @property
     def offers_image(self) -> bool:
@@ -169,12 +179,15 @@ class JobForm(forms.Form):
                   "image": data["image"], "command": data["command"], "requirements": data["requirements"],
                   "parameters": data["parameters"], "gpu_ids": list(data["gpu_ids"]),
                   "walltime_seconds": data["walltime"], "input_datasets": list(data.get("input_datasets") or [])}
+        if data.get("gpu_count") is not None and self.offers_gpu_count:
+            values["gpu_count"] = data["gpu_count"]
         size = data.get("cluster_size") or 1
         if size > 1:
             # Resources are per replica (docs/cluster-jobs.md): GPUs per replica replace GPU IDs.
             mode = data.get("cluster_mode") or ClusterMode.SINGLE_NODE
             values.update(cluster_size=size, cluster_mode=mode, gpus_per_replica=data.get("gpus_per_replica") or 0,
                           gpu_ids=[])
+            values.pop("gpu_count", None)
             if mode == ClusterMode.MULTI_NODE:
                 values.update(computer=None, compute_group=data.get("compute_group") or None)
         return values

@@ -23,6 +23,8 @@ def job_body(user, job: Job, *, is_project_admin: bool | None = None) -> dict:
         "parameters": job.parameters,
         "env": job.env,
         "gpu_ids": job.gpu_ids,
+        "gpu_count": job.gpu_count,  # sites only: how many GPUs the scheduler gives; null elsewhere
+        "input_datasets": dataset_services.job_inputs_summary(job),
         "walltime_seconds": job.walltime_seconds,
         **cluster_body(job),
         "status": job.status,

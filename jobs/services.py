@@ -41,6 +41,7 @@ CONTAINER_RUNTIMES = (Runtime.DOCKER, Runtime.APPTAINER, Runtime.SINGULARITY)
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
 RESERVED_ENV_PREFIXES = ("MMT_", "MLFLOW_", "CUDA_", "NVIDIA_")
 MAX_WALLTIME = 30 * 24 * 3600
+MAX_SITE_GPUS = 64  # gpu_count of a site job: what one scheduler node could hold
 MAX_LOG_CHUNK = 1024 * 1024
 MAX_METRICS_PER_CALL = 1000
 
@@ -111,7 +112,14 @@ def _clean_job(user, project, data: dict) -> tuple[dict, dict]:
         errors["command"] = ["Give the command as a list of arguments, such as [\"python\", \"train.py\"]."]
     values["command"] = command or []
     # A cluster job's GPUs are picked per replica at claim time (cluster.clean_fields refused gpu_ids).
-    values["gpu_ids"] = _clean_gpu_ids(data, target, errors) if values["cluster_size"] == 1 else []
+    # A site's scheduler picks the GPUs itself: a site job asks how many (gpu_count), never which.
+    on_site = target.kind == "site"
+    values["gpu_ids"] = (_clean_gpu_ids(data, target, errors)
+                         if values["cluster_size"] == 1 and not on_site else [])
+    if on_site and values["cluster_size"] == 1 and data.get("gpu_ids"):
+        errors["gpu_ids"] = [f"{target.name} is a site: its scheduler picks the GPUs. Give how many with "
+                             "gpu_count instead of gpu_ids."]
+    values["gpu_count"] = _clean_gpu_count(data, target, values["cluster_size"], errors)
     parameters = data.get("parameters") or {}
     if not isinstance(parameters, dict):
         errors["parameters"] = ["Parameters are a JSON object."]
@@ -167,6 +175,25 @@ def _clean_gpu_ids(data: dict, target: ComputeTarget, errors: dict) -> list[str]
     if len(set(gpu_ids)) != len(gpu_ids):
         errors["gpu_ids"] = ["Each GPU ID once."]
     return gpu_ids
+
+
+def _clean_gpu_count(data: dict, target: ComputeTarget, cluster_size: int, errors: dict) -> int | None:
+    """How many GPUs a site job asks its scheduler for; None off sites and for cluster jobs, whose
+    count is gpus_per_replica (sites.services.shell_values hands that to the job shell instead)."""
+    raw = data.get("gpu_count")
+    if raw in (None, ""):
+        return 0 if target.kind == "site" and cluster_size == 1 else None
+    if cluster_size > 1:
+        errors["gpu_count"] = ["A cluster job asks its GPUs per replica: give gpus_per_replica instead of gpu_count."]
+        return None
+    if target.kind != "site":
+        errors["gpu_count"] = [f"{target.name} is not a site: choose which of its GPUs to reserve with gpu_ids "
+                               "instead of gpu_count."]
+        return None
+    count = as_int(raw, low=0, high=MAX_SITE_GPUS)
+    if count is None:
+        errors["gpu_count"] = [f"gpu_count is a whole number of GPUs from 0 to {MAX_SITE_GPUS}, such as 2."]
+    return count or 0
 
 
 def _chosen_computer(user, data: dict) -> ComputeTarget:

@@ -30,6 +30,7 @@ from django_htmx.http import HttpResponseStopPolling
 from jobs import access, cluster, services
 from jobs.charts import job_charts
 from computers.choices import Kind
+from datasets import services as dataset_services
 from jobs.choices import ACTIVE_STATUSES, MAIN_REPLICA, JobStatus
 from jobs.forms import JobForm, add_service_error
 from jobs.models import Job
@@ -123,7 +124,10 @@ def job_create(request, project):
         form = JobForm(user=request.user, project=project, initial=_initial_from(request.GET))
     context = {"project": project, "form": form, "manual": _manual_target(request, form.target, project)}
     if request.htmx and request.GET.get("fragment") == "computer":
-        return render(request, "jobs/partials/_computer_fields.html", context)
+        fields = render_to_string("jobs/partials/_computer_fields.html", context, request=request)
+        # The GPUs count lives outside #computer-fields (it is for sites only): swapped out of band.
+        gpu_count = render_to_string("jobs/job_create.html#gpu-count", {**context, "oob": True}, request=request)
+        return HttpResponse(fields + gpu_count)
     return render(request, "jobs/job_create.html", context)
 
 
@@ -139,7 +143,7 @@ def _manual_target(request, target, project) -> dict | None:
 def _initial_from(query) -> dict:
     initial = {name: query.get(name) for name in ("name", "computer", "runtime", "image", "command", "requirements",
                                                    "parameters", "walltime", "cluster_mode", "cluster_size",
-                                                   "gpus_per_replica", "compute_group")
+                                                   "gpus_per_replica", "compute_group", "gpu_count")
                if query.get(name) is not None}
     if "gpu_ids" in query:
         initial["gpu_ids"] = query.getlist("gpu_ids")
@@ -267,6 +271,7 @@ def _panels(request, job: Job) -> dict:
         "parameters": json.dumps(job.parameters, indent=2, ensure_ascii=False, sort_keys=True),
         "manual": _manual_for(request, job),
         "replicas": list(job.replicas.select_related("target")) if job.is_cluster else [],
+        "input_versions": dataset_services.input_versions(job),
         "queued_reason": queued_reason,
         "version": hashlib.sha256(version.encode()).hexdigest()[:16],
     }

@@ -155,7 +155,9 @@ def _upload_source(api: Api, project: str, directory: Path) -> dict:
 @click.option("--runtime", default="python", show_default=True,
               type=click.Choice(["python", "docker", "apptainer", "singularity"]))
 @click.option("--image", default="", help="Image for docker/apptainer/singularity jobs.")
-@click.option("--gpu", "gpus", multiple=True, help="A GPU ID to reserve; repeat for more.")
+@click.option("--gpu", "gpus", multiple=True, help="A GPU ID to reserve; repeat for more (SSH and Local computers).")
+@click.option("--gpu-count", type=click.IntRange(0, 64),
+              help="How many GPUs a site's scheduler gives the job (sites; they pick the GPUs themselves).")
 @click.option("--requirements", type=click.Path(exists=True, dir_okay=False), help="A requirements.txt for the venv.")
 @click.option("--source", type=click.Path(exists=True, file_okay=False), help="A directory uploaded as the source.")
 @click.option("--git", "git_source", help="A git source as URL@REF.")
@@ -172,8 +174,8 @@ def _upload_source(api: Api, project: str, directory: Path) -> dict:
 @click.option("--gpus-per-replica", type=click.IntRange(0, 64), help="GPUs each replica gets (cluster jobs).")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED, required=True)
 @click.pass_context
-def jobs_create(ctx, computer, runtime, image, gpus, requirements, source, git_source, params, input_datasets,
-                walltime, name,
+def jobs_create(ctx, computer, runtime, image, gpus, gpu_count, requirements, source, git_source, params,
+                input_datasets, walltime, name,
                 cluster_size, cluster_mode, compute_group, gpus_per_replica, command):
     """Queue COMMAND on a computer, e.g. `mado-tracking jobs create --computer 3 -- python train.py`,
     or N replicas of it: `--cluster-size 3 --cluster-mode multi-node --compute-group lab-nodes`."""
@@ -185,11 +187,18 @@ def jobs_create(ctx, computer, runtime, image, gpus, requirements, source, git_s
                                "--cluster-mode multi-node --compute-group GROUP.")
     if cluster_size > 1 and gpus:
         raise click.UsageError("A cluster job does not name GPUs: give --gpus-per-replica N instead of --gpu.")
+    if cluster_size > 1 and gpu_count is not None:
+        raise click.UsageError("A cluster job asks its GPUs per replica: give --gpus-per-replica N instead of "
+                               "--gpu-count.")
+    if gpus and gpu_count is not None:
+        raise click.UsageError("Give --gpu ID (SSH and Local computers) or --gpu-count N (sites), not both.")
     api = _api(ctx)
     project = _project(api)
     body = {"runtime": runtime, "image": image, "command": list(command),
             "parameters": _parse_param(params), "name": name, **_placement(computer, gpus, cluster_size, cluster_mode,
                                                                            compute_group, gpus_per_replica)}
+    if gpu_count is not None:
+        body["gpu_count"] = gpu_count  # the server refuses it on SSH and Local computers, saying to use --gpu
     if walltime:
         body["walltime_seconds"] = walltime
     if input_datasets:
