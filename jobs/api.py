@@ -16,6 +16,7 @@ from mado.api.views import json_object, project_for
 from mado.choices import Role, Scope
 from mado.services import Actor
 from mado.validation import BIGINT_MAX, as_int
+from datasets.services import PREFETCH_JOB_INPUTS
 from sites.submissions import submission_summary
 
 LOG_PAGE = 500
@@ -54,7 +55,8 @@ class ProjectJobsView(APIView):
     @extend_schema(operation_id="project_jobs_list", responses=OpenApiTypes.OBJECT)
     def get(self, request, project):
         project = project_for(request, project)
-        jobs = access.visible_in(request.user, project).select_related("project", "target", "created_by", "worker")
+        jobs = (access.visible_in(request.user, project).select_related("project", "target", "created_by", "worker")
+                .prefetch_related(PREFETCH_JOB_INPUTS))
         access.apply_site_deadlines(jobs)  # site Jobs past their deadlines show as ended
         status = request.query_params.get("status")
         if status:

@@ -67,6 +67,7 @@ EVENT_LABELS = {
 def job_list(request, project):
     project = identity.project_for_user(request.user, project)
     jobs = access.visible_in(request.user, project).select_related("project", "target", "created_by", "worker")
+    access.apply_site_deadlines(jobs)
     page = Paginator(jobs, LIST_PAGE).get_page(request.GET.get("page"))
     is_admin = identity.has_role(request.user, project, Role.ADMIN)
     context = {
@@ -241,6 +242,8 @@ def _job(request, project: str, pk: int) -> Job:
     job = access.job_for(request.user, pk)
     if job.project.slug != project:
         raise Http404("No job with this id in this project.")
+    if access.apply_site_deadlines(job):
+        job = access.job_for(request.user, pk)
     return job
 
 
