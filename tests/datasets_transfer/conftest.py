@@ -36,9 +36,14 @@ def digest_of(files: dict[str, bytes]) -> str:
     return "sha256:" + hashlib.sha256(lines.encode()).hexdigest()
 
 
-def sample_files(small: int, big_bytes: int, seed: str = "a") -> dict[str, bytes]:
-    """`small` small files in a few directories (one with a non-ASCII and a long name) and one big one."""
-    files = {f"part-{i % 7}/item-{i:05d}.txt": f"{seed}:{i}:".encode() * (1 + i % 40) for i in range(small)}
+def sample_files(small: int, big_bytes: int, seed: str = "a", small_bytes: int = 0) -> dict[str, bytes]:
+    """`small` small files in a few directories (one with a non-ASCII and a long name) and one big one.
+    The small files are a few hundred bytes each, or `small_bytes` each when given (all different)."""
+    def small_file(i: int) -> bytes:
+        text = f"{seed}:{i}:".encode()
+        return (text * (small_bytes // len(text) + 1))[:small_bytes] if small_bytes else text * (1 + i % 40)
+
+    files = {f"part-{i % 7}/item-{i:05d}.txt": small_file(i) for i in range(small)}
     files["labels/ラベル.json"] = json.dumps({"seed": seed}).encode()
     files["deep/" + "n" * 120 + ".bin"] = seed.encode() * 3
     if big_bytes:

@@ -18,13 +18,21 @@ from jobs.models import Job
 from tests.datasets_transfer.conftest import checking_job, make_version, sample_files, tree
 
 MB = 1 << 20
-BIG = 40 * MB  # the issue's 200 MB check runs in bench/relay_throughput.py (see docs/datasets.md)
+BIG = 40 * MB  # the other tests' version: 300 small files and one of 40 MiB
 
 
 @pytest.fixture
 def version(e2e, settings, tmp_path):
     settings.MEDIA_ROOT = tmp_path / "media"
     files = sample_files(300, BIG)
+    return make_version(e2e.world.member, e2e.world.project, "speech", files), files
+
+
+@pytest.fixture
+def large_version(e2e, settings, tmp_path):
+    """Issue 8's size: 200 MiB, 300 small files of 64 KiB and one of 180 MiB."""
+    settings.MEDIA_ROOT = tmp_path / "media"
+    files = sample_files(300, 180 * MB, small_bytes=64 * 1024)
     return make_version(e2e.world.member, e2e.world.project, "speech", files), files
 
 
@@ -46,8 +54,9 @@ def assert_finished(e2e, job) -> Job:
 
 
 @pytest.mark.parametrize("mode", ["relay", "direct"])
-def test_a_version_arrives_bit_exact_and_a_second_job_moves_nothing(e2e, version, mode, settings, live_server):
-    version, files = version
+def test_a_version_arrives_bit_exact_and_a_second_job_moves_nothing(e2e, large_version, mode, settings, live_server):
+    version, files = large_version
+    assert sum(map(len, files.values())) > 200 * 1000 * 1000
     settings.PUBLIC_URL = live_server.url  # direct: the target reaches the API at this address
     e2e.computer.dataset_transfer = mode
     e2e.computer.save()
