@@ -790,6 +790,7 @@ class Runner:
         if self.replica_index != 0 or self.replica_wait <= 0 or self.stop_reason:
             return True
         deadline = time.monotonic() + self.replica_wait
+        first = True
         while True:
             self.replicas_running = None
             self.heartbeat({})
@@ -797,6 +798,10 @@ class Runner:
                 return False
             if self.replicas_running == [] or self.stop_reason:
                 return True
+            if first and self.replicas_running:
+                note(f"main1's code ended; waiting up to {self.replica_wait:g} s for "
+                     f"{', '.join(map(str, self.replicas_running))} to finish.")
+            first = False
             if time.monotonic() >= deadline:
                 waiting = ", ".join(map(str, self.replicas_running or [])) or "the subs"
                 note(f"{waiting} did not finish within {self.replica_wait:g} s of main1's end: main1 ends the Job "
