@@ -5,7 +5,8 @@ Layout under `<working_dir>/.mmt-cache/datasets/` (the root):
 
     .lock               flock held briefly while pins, usage and eviction change
     <hex>.lock          flock held while one version is fetched: concurrent jobs fetch it once
-    <hex>/users/<job>   pins: a job that uses the version (lapses when the job's state.json is terminal)
+    <hex>/users/<job>   pins: a job that uses the version (lapses when the state.json of every workspace
+                        of the job, `<job>` or a cluster replica's `<job>-<replica>`, is terminal)
     <hex>/partial/      the files while they arrive
     <hex>/data/         the version's files, read-only once complete
     <hex>/files.json    the manifest [{path, sha256, size}]
@@ -144,15 +145,28 @@ def working_dir_of(root):
 
 # -- pins, usage and eviction ---------------------------------------------------------------------
 
+def job_states(root, job):
+    """The supervisor states of every workspace of the job on this computer: `<jobId>`, and
+    `<jobId>-<replica>` for each replica of a cluster job that runs here."""
+    jobs = os.path.join(working_dir_of(root), ".mmt", "jobs")
+    try:
+        names = [n for n in os.listdir(jobs) if n == job or n.startswith(job + "-")]
+    except OSError:
+        names = []
+    states = (read_json(os.path.join(jobs, name, "state.json")) for name in names)
+    return [s.get("status") if isinstance(s, dict) else None for s in states if s is not None]
+
+
 def pin_live(root, pin):
-    job = os.path.basename(pin)
-    state = read_json(os.path.join(working_dir_of(root), ".mmt", "jobs", job, "state.json"))
-    if state is None:
+    """Live while any workspace of the job has a supervisor that has not ended; lapsed as soon as all
+    have ended. Before any supervisor started (inputs arrive first), it counts PREPARING_SECONDS."""
+    states = job_states(root, os.path.basename(pin))
+    if not states:
         try:
             return time.time() - os.stat(pin).st_mtime < PREPARING_SECONDS
         except OSError:
             return False
-    return state.get("status") not in TERMINAL
+    return any(status not in TERMINAL for status in states)
 
 
 def live_pins(root, key):

@@ -188,6 +188,7 @@ class JobRunner:
         self.job_dir = workspace(self.working_dir, self.workspace_id) if self.working_dir.startswith("/") else ""
         self.replica_name: str | None = None  # set on the replicas of a cluster job: their log chunks name it
         self.gpu_ids = [str(g) for g in self.job.get("gpu_ids") or []]
+        self.inputs_pinned = False
         self.stop = manager.stop_event
         self.done = threading.Event()
         self.rejected: str | None = None
@@ -423,13 +424,21 @@ class JobRunner:
         try:
             answers = self.on_target(ensure, "delivering the input datasets")
         except dataset_transfer.DatasetError as exc:
-            try:  # its pins would keep those versions from eviction for hours
-                dataset_transfer.release(self.connection(), self.id, python=self.python, working_dir=self.working_dir)
-            except Exception as error:
-                log.info("job %s: its dataset cache pins stay until they lapse (%s)", self.id, error)
+            self.release_inputs()
             raise StartFailed(exc.message, reason="input_failed") from None
+        self.inputs_pinned = True
         if answers:
-            dataset_transfer.report_usage(self.api, self.job, self.config.worker_id, self.lease, answers[-1]["usage"])
+            self.report_cache_usage(answers[-1]["usage"])
+
+    def release_inputs(self) -> None:
+        """The job will not start here: its pins would keep those versions from eviction for hours."""
+        try:
+            dataset_transfer.release(self.connection(), self.id, python=self.python, working_dir=self.working_dir)
+        except Exception as error:
+            log.info("job %s: its dataset cache pins stay until they lapse (%s)", self.id, error)
+
+    def report_cache_usage(self, usage: dict) -> None:
+        dataset_transfer.report_usage(self.api, self.job, self.config.worker_id, self.lease, usage)
 
     def fetch_source(self) -> None:
         source = self.job["source"]
@@ -843,6 +852,7 @@ class ReplicaRunner(JobRunner):
         self.stop = parent.stop
         self.started = bool(self.record.get("started"))
         self.abort = threading.Event()  # the job stops following its replicas (it failed elsewhere)
+        self.inputs_pinned = False  # its input versions are in its computer's cache, pinned for the job
         self._lock = threading.Lock()
 
     @property
@@ -862,6 +872,12 @@ class ReplicaRunner(JobRunner):
 
     def stop_now(self) -> dict:
         return self.on_target(lambda c: self.remote(c).cancel(grace=self.config.cancel_grace), f"stopping {self.name}")
+
+    def report_cache_usage(self, usage: dict) -> None:
+        # The server files the report under the job's computer (main1's); another computer's numbers
+        # would overwrite it there.
+        if self.computer.get("id") == self.parent.computer.get("id"):
+            super().report_cache_usage(usage)
 
 
 class ClusterRunner(JobRunner):
@@ -983,9 +999,20 @@ class ClusterRunner(JobRunner):
         if isinstance(present, dict):  # poll answers so far: those with a workspace may run
             present = {name for name, state in present.items() if state.get("status") != "absent"}
         self.stop_replicas([r for r in self.replicas if r.name in set(present) and r is not replica])
+        self.release_replica_inputs()
         error = mask_tokens(f"{replica.name}: {message}", self.job.get("job_token") or "")
         self.save(completion={"status": "failed", "end_reason": reason, "replica": replica.name,
                               "error": error})
+
+    def release_replica_inputs(self) -> None:
+        """The job will not run: the input pins on each computer that got its inputs go now. A computer
+        where no replica's supervisor started would otherwise hold them for hours."""
+        done = set()
+        for replica in self.replicas:
+            where = (replica.computer.get("id"), replica.working_dir)
+            if replica.inputs_pinned and where not in done:
+                done.add(where)
+                replica.release_inputs()
 
     def ensure_cluster_facts(self) -> dict:
         """MASTER_PORT (a free port on main1's computer) and every replica's hosts file, chosen once and

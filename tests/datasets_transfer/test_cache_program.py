@@ -116,6 +116,33 @@ def test_eviction_skips_versions_pinned_by_queued_or_running_jobs(cache):
     assert not (cache.entry(a)).exists()
 
 
+def test_a_cluster_jobs_pin_holds_while_any_replica_runs_and_lapses_when_all_ended(cache):
+    """A cluster job's replicas work in `<jobId>-<replica>`: its pin follows their state.json files."""
+    a, b = _versions(2, 100 * KIB)
+    limit = 150 * KIB
+    assert cache.ensure(a, job_id=7, limit=limit)[1]["ok"]
+    cache.job_state("7-main1", "running")
+    cache.job_state("7-sub1", "exited")  # one replica ended, main1 still reads its inputs
+    cache.job_state(70, "exited")  # another job whose id starts with 7 does not count
+    _, full = cache.ensure(b, job_id=8, limit=limit)
+    assert full["code"] == "cache_full", full
+    assert cache.run("usage")["entries"][0]["pinned_by"] == ["7"]
+
+    cache.job_state("7-main1", "exited")  # every replica ended: the pin lapses at once, not hours later
+    _, answer = cache.ensure(b, job_id=8, limit=limit)
+    assert answer["ok"] and answer["evicted"] == [digest_of(a).removeprefix("sha256:")]
+
+
+def test_a_running_job_with_a_similar_id_does_not_hold_anothers_pin(cache):
+    a, b = _versions(2, 100 * KIB)
+    assert cache.ensure(a, job_id=7, limit=150 * KIB)[1]["ok"]
+    cache.job_state(7, "exited")
+    cache.job_state(70, "running")
+    cache.job_state("77-main1", "running")
+    _, answer = cache.ensure(b, job_id=8, limit=150 * KIB)
+    assert answer["ok"] and answer["evicted"] == [digest_of(a).removeprefix("sha256:")]
+
+
 def test_release_drops_a_jobs_pins(cache):
     a, b = _versions(2, 100 * KIB)
     cache.ensure(a, job_id=1, limit=150 * KIB)
