@@ -27,8 +27,10 @@ def given(data: dict, name: str) -> bool:
     return data.get(name) not in (None, "")
 
 
-def clean_fields(data: dict, errors: dict) -> dict:
-    """cluster_size, cluster_mode and gpus_per_replica; the computer or group is checked by the caller."""
+def clean_fields(data: dict, errors: dict, *, on_site: bool = False) -> dict:
+    """cluster_size, cluster_mode and gpus_per_replica; the computer or group is checked by the caller.
+    On a site (`on_site`) the scheduler gives each replica its own node: the mode is multi-node, and the
+    site itself is the computer (no compute group)."""
     size = as_int(data["cluster_size"], low=1, high=MAX_CLUSTER_SIZE) if given(data, "cluster_size") else 1
     if size is None:
         errors["cluster_size"] = [f"The cluster size is a whole number from 1 to {MAX_CLUSTER_SIZE}."]
@@ -55,6 +57,14 @@ def clean_fields(data: dict, errors: dict) -> dict:
         if values["gpus_per_replica"] is None:
             errors["gpus_per_replica"] = [f"GPUs per replica is a whole number from 0 to {MAX_GPUS_PER_REPLICA}."]
             values["gpus_per_replica"] = 0
+    if on_site:
+        if data.get("cluster_mode") == ClusterMode.SINGLE_NODE:
+            errors["cluster_mode"] = ["On a site the scheduler puts each replica on a node of its own: choose "
+                                      "multi-node (or leave the mode out)."]
+        if given(data, "compute_group"):
+            errors["compute_group"] = ["A site places the replicas itself: leave the compute group out."]
+        values["cluster_mode"] = ClusterMode.MULTI_NODE
+        return values
     multi = mode == ClusterMode.MULTI_NODE
     if multi and not given(data, "compute_group"):
         errors["compute_group"] = ["A multi-node cluster job runs on a compute group: choose one."]

@@ -74,9 +74,10 @@ def create_job(actor: Actor, project, data: dict) -> Job:
 def _clean_job(user, project, data: dict) -> tuple[dict, dict]:
     errors: dict[str, list[str]] = {}
     values: dict = {}
-    values.update(cluster.clean_fields(data, errors))
+    on_site = _names_a_site(data)
+    values.update(cluster.clean_fields(data, errors, on_site=on_site))
     runtime = data.get("runtime") or Runtime.PYTHON
-    if values["cluster_size"] > 1 and values["cluster_mode"] == ClusterMode.MULTI_NODE:
+    if values["cluster_size"] > 1 and values["cluster_mode"] == ClusterMode.MULTI_NODE and not on_site:
         target = cluster.placeholder_target(user, data, runtime, errors) if not errors else None
         if target is None:
             raise _invalid(errors)
@@ -194,6 +195,12 @@ def _clean_gpu_count(data: dict, target: ComputeTarget, cluster_size: int, error
     if count is None:
         errors["gpu_count"] = [f"gpu_count is a whole number of GPUs from 0 to {MAX_SITE_GPUS}, such as 2."]
     return count or 0
+
+
+def _names_a_site(data: dict) -> bool:
+    """Whether the request names a site computer (its scheduler places cluster replicas itself)."""
+    computer_id = as_int(data.get("computer"), low=1, high=BIGINT_MAX)
+    return computer_id is not None and ComputeTarget.objects.filter(pk=computer_id, kind="site").exists()
 
 
 def _chosen_computer(user, data: dict) -> ComputeTarget:

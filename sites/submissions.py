@@ -689,8 +689,18 @@ def runner_job(job_id: int, runner_id, *, uploading: bool = False) -> Job:
     return job
 
 
+# What a runner may say about how its Job ended; the deadlines (submit_failed, queue_timeout) and the
+# loss of an executor (worker_lost) are the server's to decide, input_failed the worker's.
+RUNNER_END_REASONS = (EndReason.EXIT_CODE, EndReason.TIMED_OUT, EndReason.CANCELED, EndReason.START_FAILED,
+                      EndReason.INVALID_RESULT, EndReason.REPLICA_FAILED)
+
+
 def runner_finish(job_id: int, data: dict) -> Job:
     status = data.get("status")
+    reason = data.get("end_reason")
+    if reason is not None and reason not in RUNNER_END_REASONS:
+        raise ServiceError(f"A runner ends a Job with end_reason {', '.join(RUNNER_END_REASONS)} (or none).",
+                           "invalid", fields={"end_reason": ["Not a runner's end reason."]})
     exit_code = job_services.clean_completion(status, data.get("exit_code"), data.get("end_reason"))
     error = data.get("error") or ""
     if not isinstance(error, str):

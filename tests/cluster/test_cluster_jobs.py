@@ -57,6 +57,13 @@ class TestCreation:
         text = refused(world, "cluster_size", computer=site.pk, cluster_size=2)
         assert "job shell does not run cluster jobs" in text and "choose a Slurm site" in text
 
+    def test_on_a_slurm_site_a_cluster_job_is_multi_node_and_single_node_is_refused(self, world, make_site):
+        site = make_site(world.global_admin, visibility="public", runtimes=["python"])
+        text = refused(world, "cluster_mode", computer=site.pk, cluster_size=2, cluster_mode="single-node")
+        assert "each replica on a node of its own" in text
+        job = create(world, computer=site.pk, cluster_size=2, gpus_per_replica=1)
+        assert (job["cluster_mode"], job["compute_group"]) == ("multi-node", None)
+
     def test_size_1_is_an_ordinary_job_whatever_the_mode(self, world, gpu_box, job_worker):
         body = create(world, computer=gpu_box.pk, cluster_size=1, cluster_mode="multi-node", gpu_ids=["2"])
         assert body["replicas"] == [] and body["queued_reason"] is None and body["compute_group"] is None

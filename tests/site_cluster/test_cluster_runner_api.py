@@ -89,7 +89,7 @@ def test_a_cluster_job_is_claimed_alone_with_its_replicas_and_the_scripts_cluste
     assert sorted(item["job_ids"] for item in items) == sorted([[j.pk for j in ordinary], [cluster.pk], [other.pk]])
     item = next(i for i in items if i["job_ids"] == [cluster.pk])
     job = item["jobs"][0]["job"]
-    assert (job["cluster_size"], job["cluster_mode"], job["gpus_per_replica"]) == (2, "single-node", 1)
+    assert (job["cluster_size"], job["cluster_mode"], job["gpus_per_replica"]) == (2, "multi-node", 1)
     assert [(r["index"], r["name"], r["role"], r["computer"]["id"]) for r in job["replicas"]] == [
         (0, "main1", "main", site.pk), (1, "sub1", "sub", site.pk)]
     head = item["script"].split("# ---- job shell ----")[0]

@@ -85,6 +85,9 @@ def test_logs_and_metrics_are_stored_and_a_time_limit_ends_timed_out(world, pair
     assert runner.post("logs", chunks=chunks).json() == {"stored": 0}, "resent chunks are not stored twice"
     assert runner.post("metrics", metrics=[{"name": "loss", "value": 0.5, "step": 1}]).json() == {"stored": 1}
     assert_error(runner.post("logs", chunks=[{"stream": "app", "offset": 0, "data": "x"}]), 422)
+    for servers_own in ("queue_timeout", "submit_failed", "worker_lost", "input_failed"):
+        assert_error(runner.finish(status="failed", exit_code=1, end_reason=servers_own), 422, "invalid")
+    assert Job.objects.get(pk=runner.job_id).status == "running", "a refused finish ends nothing"
     response = runner.finish(status="failed", exit_code=143, end_reason="timed_out", error="Time limit reached")
     assert response.json()["end_reason"] == "timed_out"
     job = Job.objects.get(pk=runner.job_id)
