@@ -58,9 +58,7 @@ def clean_fields(data: dict, errors: dict, *, on_site: bool = False) -> dict:
             errors["gpus_per_replica"] = [f"GPUs per replica is a whole number from 0 to {MAX_GPUS_PER_REPLICA}."]
             values["gpus_per_replica"] = 0
     if on_site:
-        if data.get("cluster_mode") == ClusterMode.SINGLE_NODE:
-            errors["cluster_mode"] = ["On a site the scheduler puts each replica on a node of its own: choose "
-                                      "multi-node (or leave the mode out)."]
+        # The scheduler puts each replica on a node of its own, whatever the form's default mode said.
         if given(data, "compute_group"):
             errors["compute_group"] = ["A site places the replicas itself: leave the compute group out."]
         values["cluster_mode"] = ClusterMode.MULTI_NODE

@@ -57,12 +57,14 @@ class TestCreation:
         text = refused(world, "cluster_size", computer=site.pk, cluster_size=2)
         assert "job shell does not run cluster jobs" in text and "choose a Slurm site" in text
 
-    def test_on_a_slurm_site_a_cluster_job_is_multi_node_and_single_node_is_refused(self, world, make_site):
+    def test_on_a_slurm_site_a_cluster_job_is_multi_node_on_the_site_itself(self, world, make_site, lab_nodes):
         site = make_site(world.global_admin, visibility="public", runtimes=["python"])
-        text = refused(world, "cluster_mode", computer=site.pk, cluster_size=2, cluster_mode="single-node")
-        assert "each replica on a node of its own" in text
-        job = create(world, computer=site.pk, cluster_size=2, gpus_per_replica=1)
-        assert (job["cluster_mode"], job["compute_group"]) == ("multi-node", None)
+        text = refused(world, "compute_group", computer=site.pk, cluster_size=2, compute_group=lab_nodes.pk)
+        assert "A site places the replicas itself" in text
+        for mode in ("single-node", "multi-node", None):
+            job = create(world, computer=site.pk, cluster_size=2, gpus_per_replica=1,
+                         **({"cluster_mode": mode} if mode else {}))
+            assert (job["cluster_mode"], job["compute_group"], job["computer"]["id"]) == ("multi-node", None, site.pk)
 
     def test_size_1_is_an_ordinary_job_whatever_the_mode(self, world, gpu_box, job_worker):
         body = create(world, computer=gpu_box.pk, cluster_size=1, cluster_mode="multi-node", gpu_ids=["2"])
