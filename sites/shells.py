@@ -38,6 +38,7 @@ from sites.choices import DEFAULT_WALLTIME_SECONDS, MAX_JOB_SHELL_BYTES, MAX_VAR
 
 TEMPLATE_DIR = Path(__file__).resolve().parent / "job_shells"
 COMMON_MARKER = "#@common\n"
+HOSTS_MARKER = "#@hosts\n"  # the runner-starting part the Docker and Apptainer host templates share
 
 # The value rules, the same as the checks inside every built-in job shell.
 COUNT = re.compile(r"^(0|[1-9][0-9]{0,8})$")
@@ -73,7 +74,8 @@ def builtin_template(key: str) -> str:
                            fields={"template": ["Unknown template."]})
     body = (TEMPLATE_DIR / f"{key}.sh").read_text()
     common = (TEMPLATE_DIR / "_common.sh").read_text()
-    return body.replace(COMMON_MARKER, common, 1)
+    hosts = (TEMPLATE_DIR / "_hosts.sh").read_text()
+    return body.replace(COMMON_MARKER, common, 1).replace(HOSTS_MARKER, hosts, 1)
 
 
 def builtin_templates() -> list[dict]:
