@@ -13,8 +13,10 @@
 from __future__ import annotations
 
 import base64
+import inspect
 import json
 
+from worker_agent import results
 from worker_agent.ssh import CommandTimeout, ConnectError
 
 SOURCE_SCRIPT = r'''
@@ -106,43 +108,14 @@ LIST_SCRIPT = r'''
 import base64, hashlib, json, os, stat, sys
 
 root, max_files = sys.argv[1], int(sys.argv[2])
-files = []
 try:
     st = os.lstat(root)
 except FileNotFoundError:
     print(json.dumps({"files": [], "result": None, "manifest": None, "missing": True})); sys.exit(0)
 if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
     print(json.dumps({"error": "The outputs directory is a symbolic link or not a directory."})); sys.exit(0)
-
-def digest(path):
-    h = hashlib.sha256()
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
-    with os.fdopen(fd, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-too_many = False
-for dirpath, dirnames, filenames in os.walk(root):
-    rel_dir = os.path.relpath(dirpath, root)
-    for name in sorted(dirnames) + sorted(filenames):
-        full = os.path.join(dirpath, name)
-        rel = name if rel_dir == "." else rel_dir + "/" + name
-        st = os.lstat(full)
-        if stat.S_ISLNK(st.st_mode):
-            files.append({"path": rel, "size": 0, "sha256": "", "kind": "symlink"})
-        elif stat.S_ISDIR(st.st_mode):
-            files.append({"path": rel, "size": 0, "sha256": "", "kind": "dir"})
-        elif stat.S_ISREG(st.st_mode):
-            files.append({"path": rel, "size": st.st_size, "sha256": digest(full), "kind": "file"})
-        else:
-            files.append({"path": rel, "size": 0, "sha256": "", "kind": "special"})
-        if len(files) > max_files + 2:
-            too_many = True
-            break
-    if too_many:
-        break
-    dirnames[:] = [d for d in dirnames if not os.path.islink(os.path.join(dirpath, d))]
+''' + inspect.getsource(results.file_sha256) + inspect.getsource(results.walk_outputs) + r'''
+files, too_many = walk_outputs(root, max_files)
 
 def read(rel, limit):
     try:

@@ -52,7 +52,6 @@ Exit codes: 0 finished, 1 failed/canceled/timed out, 2 configuration error (bad 
 unreachable API), 3 the API refused the runner."""
 from __future__ import annotations
 
-import hashlib
 import http.client
 import json
 import math
@@ -421,15 +420,6 @@ def clone_source(source: dict, job_dir: str) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _sha256(path: str) -> str:
-    digest = hashlib.sha256()
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
-    with os.fdopen(fd, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def _read_limited(path: str, limit: int) -> bytes | None:
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
@@ -448,25 +438,10 @@ def list_outputs(outputs_dir: str, max_files: int) -> dict:
         return {"files": [], "result": None, "manifest": None}
     if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
         raise StartFailed("The outputs directory is a symbolic link or not a directory.")
-    files: list[dict] = []
-    for dirpath, dirnames, filenames in os.walk(outputs_dir):
-        rel_dir = os.path.relpath(dirpath, outputs_dir)
-        for name in sorted(dirnames) + sorted(filenames):
-            full = os.path.join(dirpath, name)
-            rel = name if rel_dir == "." else f"{rel_dir}/{name}"
-            st = os.lstat(full)
-            if stat.S_ISLNK(st.st_mode):
-                files.append({"path": rel, "size": 0, "sha256": "", "kind": "symlink"})
-            elif stat.S_ISDIR(st.st_mode):
-                files.append({"path": rel, "size": 0, "sha256": "", "kind": "dir"})
-            elif stat.S_ISREG(st.st_mode):
-                files.append({"path": rel, "size": st.st_size, "sha256": _sha256(full), "kind": "file"})
-            else:
-                files.append({"path": rel, "size": 0, "sha256": "", "kind": "special"})
-            if len(files) > max_files + 2:
-                raise StartFailed(f"The outputs directory holds more than {max_files} files; keep fewer (pack them "
-                                  "into an archive).")
-        dirnames[:] = [d for d in dirnames if not os.path.islink(os.path.join(dirpath, d))]
+    files, too_many = results.walk_outputs(outputs_dir, max_files)
+    if too_many:
+        raise StartFailed(f"The outputs directory holds more than {max_files} files; keep fewer (pack them "
+                          "into an archive).")
     has_result = any(f["path"] == "result.json" and f["kind"] == "file" for f in files)
     result = _read_limited(os.path.join(outputs_dir, "result.json"), results.MAX_RESULT_BYTES) if has_result else None
     manifest = None
@@ -905,7 +880,7 @@ class Runner:
                         raise StartFailed(f"The source could not be downloaded: {exc}") from None
                 else:
                     raise StartFailed("The source could not be downloaded: the server kept failing.")
-            if source.get("sha256") and _sha256(path) != str(source["sha256"]).lower():
+            if source.get("sha256") and results.file_sha256(path) != str(source["sha256"]).lower():
                 raise StartFailed("The downloaded source archive does not match its sha256; upload it again.")
             count = unpack_archive(path, job_dir)
             note(f"Source archive downloaded ({size} bytes) and unpacked ({count} files).")
