@@ -37,12 +37,13 @@ def manageable_by(user) -> QuerySet[ComputeTarget]:
 
 
 def served_by_worker(worker_user) -> QuerySet[ComputeTarget]:
-    """SSH and Local computers whose checks and jobs a worker may take: those its service account's
-    creator manages. Workers never take site computers (launchers do)."""
-    account = identity.service_account_of(worker_user)
-    if account is None:
+    """SSH and Local computers whose checks and jobs a worker may take (seeds 001 and 002): the ones
+    its service account may run Jobs on — Public computers, and Private ones of the person who created
+    the service account. Which jobs comes from its token (the project); the worker's target ids narrow
+    this further. Workers never take site computers (launchers do)."""
+    if identity.service_account_of(worker_user) is None:
         return ComputeTarget.objects.none()
-    return manageable_by(account.created_by).filter(kind__in=[Kind.SSH, Kind.LOCAL])
+    return usable_by(worker_user).filter(kind__in=[Kind.SSH, Kind.LOCAL])
 
 
 def can_manage(user, target: ComputeTarget) -> bool:
@@ -96,4 +97,5 @@ def workers_to_choose(user):
     if not can_choose_worker(user):
         return []
     # Filtered in Python: SQLite (the demo database) has no JSON containment lookup.
-    return [w for w in Worker.objects.online().order_by("worker_id", "-last_seen_at") if w.reports_candidates]
+    return [w for w in Worker.objects.online().select_related("project")
+            .order_by("worker_id", "project__slug", "-last_seen_at") if w.reports_candidates]

@@ -23,13 +23,28 @@ from mado.services import Actor
 from workers.models import Worker
 
 
-def online_worker(worker_id: str | None) -> Worker | None:
-    if not worker_id:
+def online_worker(data: dict) -> Worker | None:
+    """The worker a request names: `worker` is the worker's row id (GET /api/workers lists it as `id`);
+    a bare `worker_id` name is taken only while one online worker holds it — names are labels that
+    any service account may say, so an ambiguous one is refused rather than guessed."""
+    pk, name = data.get("worker"), data.get("worker_id")
+    if pk is None and not name:
         return None
-    worker = Worker.objects.online().filter(worker_id=worker_id).order_by("-last_seen_at").first()
-    if worker is None:
-        raise exceptions.ValidationError({"worker_id": [f"No online worker {worker_id}; start it and press Refresh workers."]})
-    return worker
+    online = Worker.objects.online().select_related("project", "account")
+    if pk is not None:
+        worker = online.filter(pk=pk).first()
+        if worker is None:
+            raise exceptions.ValidationError({"worker": [f"No online worker with id {pk}; start it and press "
+                                                         "Refresh workers."]})
+        return worker
+    found = list(online.filter(worker_id=name)[:2])
+    if not found:
+        raise exceptions.ValidationError({"worker_id": [f"No online worker {name}; start it and press Refresh workers."]})
+    if len(found) > 1:
+        raise exceptions.ValidationError({"worker_id": [
+            f"More than one online worker is named {name} (in {', '.join(w.project.slug for w in found)}); "
+            "name it by id instead: send worker with the id from GET /api/workers."]})
+    return found[0]
 
 
 class ComputerListView(APIView):
@@ -70,10 +85,10 @@ class CheckListView(APIView):
         target = access.managed_for(request.user, pk)
         serializer = CheckRequestSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
-        worker_id = serializer.validated_data.get("worker_id")
-        if worker_id and not access.can_choose_worker(request.user):
+        chosen = serializer.validated_data
+        if (chosen.get("worker_id") or chosen.get("worker") is not None) and not access.can_choose_worker(request.user):
             raise exceptions.PermissionDenied("Only global administrators can choose the worker for a check.")
-        check = services.request_check(Actor.from_request(request), target, online_worker(worker_id))
+        check = services.request_check(Actor.from_request(request), target, online_worker(chosen))
         return Response(check_body(check), status=201)
 
 
@@ -98,7 +113,7 @@ class ReadListView(APIView):
         serializer = ReadRequestSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         read = services.request_read(Actor.from_request(request), target,
-                                     online_worker(serializer.validated_data["worker_id"]),
+                                     online_worker(serializer.validated_data),
                                      serializer.validated_data["path"])
         return Response(read_body(read), status=201)
 

@@ -24,7 +24,7 @@ def kind_choices() -> list[tuple[str, str]]:
 
 
 def worker_label(worker) -> str:
-    return f"{worker.worker_id} ({worker.hostname})" if worker.hostname else worker.worker_id
+    return worker.label  # name, project and host: two workers may share a name
 
 
 class ConnectionForm(forms.Form):

@@ -26,6 +26,7 @@ def computer_body(user, target: ComputeTarget, *, usable: bool | None = None) ->
     if manager:
         body.update({field: getattr(target, field) for field in MANAGER_FIELDS})
         body["last_check_worker"] = target.last_check_worker.worker_id if target.last_check_worker else None
+        body["last_check_worker_id"] = target.last_check_worker_id  # the row: names can be shared
     return body
 
 
@@ -43,6 +44,8 @@ def check_body(check: ConnectionCheck) -> dict:
         "failure_text": str(CheckFailure(check.failure_reason).label) if check.failure_reason else None,
         "requested_worker": check.requested_worker.worker_id if check.requested_worker else None,
         "claimed_by": check.claimed_by.worker_id if check.claimed_by else None,
+        "requested_worker_id": check.requested_worker_id,
+        "claimed_by_id": check.claimed_by_id,
         "created_at": check.created_at,
         "claimed_at": check.claimed_at,
         "finished_at": check.finished_at,
@@ -60,6 +63,7 @@ def read_body(read: DirectoryRead) -> dict:
         "error": read.error or None,
         "error_text": str(ReadError(read.error).label) if read.error else None,
         "worker": read.requested_worker.worker_id,
+        "requested_worker_id": read.requested_worker_id,
     }
 
 
@@ -87,9 +91,20 @@ class ComputerInputSerializer(serializers.Serializer):
 
 
 class CheckRequestSerializer(serializers.Serializer):
-    worker_id = serializers.CharField(required=False, allow_null=True, allow_blank=True)
+    worker = serializers.IntegerField(required=False, allow_null=True, min_value=1, max_value=2**63 - 1,
+                                      help_text="The worker's id (GET /api/workers); global administrators only.")
+    worker_id = serializers.CharField(required=False, allow_null=True, allow_blank=True, max_length=64,
+                                      help_text="A worker's name; refused when two online workers share it.")
 
 
 class ReadRequestSerializer(serializers.Serializer):
     path = serializers.CharField(max_length=1024)
-    worker_id = serializers.CharField(max_length=64)
+    worker = serializers.IntegerField(required=False, min_value=1, max_value=2**63 - 1,
+                                      help_text="The worker's id (GET /api/workers).")
+    worker_id = serializers.CharField(required=False, max_length=64,
+                                      help_text="A worker's name; refused when two online workers share it.")
+
+    def validate(self, attrs):
+        if attrs.get("worker") is None and not attrs.get("worker_id"):
+            raise serializers.ValidationError({"worker": ["Name the worker that reads: its id (worker)."]})
+        return attrs

@@ -278,7 +278,9 @@ def request_check(actor: Actor, target: ComputeTarget, worker=None) -> Connectio
     if worker is not None and actor.user is not None and not access.can_choose_worker(actor.user):
         raise Forbidden("Only global administrators can choose the worker for a check.", "global_admin_required")
     expire_stale(force=True)
-    named = worker if worker is not None else _current(target.last_check_worker)
+    # The worker row, never its name: a worker of another service account saying the same name is
+    # another worker and never receives this computer's connection (issue 13).
+    named = worker if worker is not None else target.last_check_worker
     try:
         with transaction.atomic():
             check = ConnectionCheck.objects.create(target=target, requested_by=actor.user, requested_worker=named)
@@ -291,16 +293,6 @@ def request_check(actor: Actor, target: ComputeTarget, worker=None) -> Connectio
                        "target_check_in_progress") from None
     notify(CHECKS_CHANNEL)
     return check
-
-
-def _current(worker):
-    """The worker of the last check as it runs now: reinstalled with a new token, the same worker id
-    has a new presence row, and the old one stays offline."""
-    if worker is None or worker.is_online:
-        return worker
-    from workers.models import Worker
-
-    return Worker.objects.online().filter(worker_id=worker.worker_id).order_by("-last_seen_at").first() or worker
 
 
 def expire_stale(*, force: bool = False) -> None:
@@ -333,7 +325,9 @@ def claim_check(worker) -> ConnectionCheck | None:
     expire_stale()
     with transaction.atomic():
         # Serialise one worker's duplicate claims: the second sees the check the first took.
-        type(worker).objects.select_for_update().filter(pk=worker.pk).first()
+        current = type(worker).objects.select_for_update().filter(pk=worker.pk).first()
+        if current is None or current.stopped_at is not None:
+            return None  # a stopping worker takes nothing new
         held = ConnectionCheck.objects.filter(status=CheckStatus.CLAIMED, claimed_by=worker).select_related("target")
         if (check := held.first()) is not None:
             return check
@@ -344,7 +338,7 @@ def claim_check(worker) -> ConnectionCheck | None:
 
             eligible = eligible | ConnectionCheck.objects.filter(
                 status=CheckStatus.QUEUED, requested_worker__isnull=True, target_id__in=worker.target_ids,
-                target__in=served_by_worker(worker.token.user))
+                target__in=served_by_worker(worker.account))
         # SKIP LOCKED: two workers polling at once never wait on, or both take, the same row.
         check = (ConnectionCheck.objects.filter(pk__in=eligible.values("pk")).order_by("created_at", "id")
                  .select_for_update(skip_locked=True, of=("self",)).first())

@@ -34,6 +34,20 @@ def can_stop(user, job: Job, *, is_project_admin: bool | None = None) -> bool:
     return is_project_admin
 
 
+def can_mark_lost(user, job: Job) -> bool:
+    """Marking a Not responding job as lost: Project admins (a person's decision, seed 002)."""
+    return identity.has_role(user, job.project, Role.ADMIN) and not identity.is_job_principal(user)
+
+
+def lost_refusal(job: Job) -> str | None:
+    """Why the Mark as lost dialog cannot mark this job (it ended, or its worker answers again)."""
+    if job.is_terminal:
+        return _("Already ended")
+    if not job.is_unresponsive:
+        return _("Its worker is responding again, so this Job is not marked as lost.")
+    return None
+
+
 def stop_refusal(user, job: Job, *, is_project_admin: bool | None = None) -> str | None:
     """Why the Actions column shows no Request stop button, or None when it does."""
     if job.is_terminal:

@@ -96,6 +96,17 @@ class JobStopView(APIView):
         return Response(job_body(request.user, job))
 
 
+class JobLostView(APIView):
+    """Mark as lost: a Not responding job whose worker is gone for good ends failed (worker_lost)."""
+
+    required_scopes = {"POST": Scope.JOBS_WRITE}
+
+    @extend_schema(request=None, responses=OpenApiTypes.OBJECT)
+    def post(self, request, pk):
+        job = services.mark_lost(Actor.from_request(request), _job(request, pk))
+        return Response(job_body(request.user, job))
+
+
 class JobLogsView(APIView):
     required_scopes = {"GET": Scope.READ, "POST": Scope.READ}
     allow_job_token = True

@@ -10,6 +10,7 @@ import datetime
 import math
 import re
 import shlex
+import time
 import uuid
 
 from django.db import IntegrityError, transaction
@@ -22,13 +23,22 @@ from computers.choices import Runtime
 from computers.models import ComputeGroup, ComputeTarget
 from datasets import services as dataset_services
 from jobs import access, cluster, outputs
-from jobs.choices import HELD_STATUSES, MAIN_REPLICA, SITE_ACTIVE_STATUSES, ClusterMode, EndReason, JobStatus, Stream
-from jobs.models import GpuReservation, Job, JobEvent, LogChunk, Metric
+from jobs.choices import (
+    HELD_STATUSES,
+    MAIN_REPLICA,
+    SITE_ACTIVE_STATUSES,
+    TERMINAL_STATUSES,
+    ClusterMode,
+    EndReason,
+    JobStatus,
+    Stream,
+)
+from jobs.models import UNRESPONSIVE_AFTER, GpuReservation, Job, JobEvent, JobReplica, LogChunk, Metric
 from mado import access as identity
 from mado import services as identity_services
 from mado.choices import Role
 from mado.errors import Conflict, Forbidden, ServiceError
-from mado.services import Actor, audit
+from mado.services import SYSTEM, Actor, audit
 from mado.validation import BIGINT_MAX, INT32_MAX, INT32_MIN, as_int
 from sites import shells as site_shells
 from workers.longpoll import notify
@@ -44,6 +54,19 @@ MAX_WALLTIME = 30 * 24 * 3600
 MAX_SITE_GPUS = 64  # gpu_count of a site job: what one scheduler node could hold
 MAX_LOG_CHUNK = 1024 * 1024
 MAX_METRICS_PER_CALL = 1000
+# A claimed job that never started goes back to the queue after this long without a heartbeat.
+REQUEUE_AFTER = UNRESPONSIVE_AFTER
+
+
+class ActiveJobsEnded(Exception):
+    """A waiting claim's wake-up: jobs that this worker listed as active have ended, so it may claim
+    more now. The claim view answers it as 200 with no item and this reason, not as a conflict."""
+
+    reason = "active_jobs_ended"
+
+    def __init__(self, job_ids: list[int]):
+        super().__init__(f"Jobs {', '.join(map(str, job_ids))} have ended; claim again with the jobs you still run.")
+        self.job_ids = job_ids
 
 
 # Creation ---------------------------------------------------------------------------------------
@@ -225,10 +248,14 @@ def _chosen_computer(user, data: dict) -> ComputeTarget:
 def claim_job(worker: Worker, active_job_ids: list[int]) -> tuple[Job, str | None] | None:
     """One transaction: recover an unacknowledged claim, or take the oldest queued job this worker
     may run whose computers have free slots and free GPUs — for a cluster job, room for every replica
-    at once (jobs.cluster). Returns (job, job token plaintext)."""
+    at once (jobs.cluster). Returns (job, job token plaintext). Raises ActiveJobsEnded as a wake-up
+    when jobs in `active_job_ids` have ended meanwhile."""
+    requeue_unstarted()
     with transaction.atomic():
         # Serialise duplicate requests of one worker: a replayed claim sees the first one's result.
-        Worker.objects.select_for_update().filter(pk=worker.pk).first()
+        current = Worker.objects.select_for_update().filter(pk=worker.pk).first()
+        if current is None or current.stopped_at is not None:
+            return None  # it said goodbye while this long-poll waited: hand it nothing
         recovered = _recover_unacknowledged(worker, active_job_ids)
         if recovered is not None:
             return recovered
@@ -257,14 +284,15 @@ def claim_job(worker: Worker, active_job_ids: list[int]) -> tuple[Job, str | Non
 
 
 def _served_ids(worker: Worker) -> set[int]:
-    return set(computer_access.served_by_worker(worker.token.user).values_list("pk", flat=True))
+    return set(computer_access.served_by_worker(worker.account).values_list("pk", flat=True))
 
 
 def _claimable(worker: Worker):
-    # A worker runs jobs only on SSH/Local computers that the person who set it up — its service
-    # account's creator — manages: the owner or a global administrator (seed 001 "Worker settings").
-    # Being allowed to *use* a Public computer is not enough to receive other people's jobs and tokens.
-    served = computer_access.served_by_worker(worker.token.user)
+    """The seeds' rule (001 "Prepare a token", 002 "Permissions"): the worker's token decides which
+    jobs — its project's; the computers' visibility decides where they may run — a Public computer
+    runs every project's jobs, a Private one those of its owner and of the service accounts the owner
+    created, for the job's creator and for the worker's service account alike; `target_ids` narrows."""
+    served = computer_access.served_by_worker(worker.account)
     if worker.target_ids:
         served = served.filter(pk__in=worker.target_ids)
     spread = Q(cluster_size__gt=1, cluster_mode=ClusterMode.MULTI_NODE)
@@ -277,7 +305,7 @@ def _claimable(worker: Worker):
     # checks the creator's right to each).
     in_its_group = spread & Q(compute_group__in=ComputeGroup.objects.filter(
         computers__in=served.values("pk")).values("pk"))
-    queued = Job.objects.filter(status=JobStatus.QUEUED)
+    queued = Job.objects.filter(status=JobStatus.QUEUED, project_id=worker.project_id)
     if CLUSTER_CAPABILITY not in (worker.capabilities or []):
         # A worker that cannot start replicas would run main1 alone: cluster jobs wait for one that can.
         queued = queued.filter(cluster_size=1)
@@ -319,8 +347,13 @@ def _recover_unacknowledged(worker: Worker, active_job_ids: list[int]):
     held = set(Job.objects.filter(worker=worker, status__in=HELD_STATUSES).values_list("pk", flat=True))
     foreign = sorted(set(active_job_ids) - held)
     if foreign:
-        raise Conflict(f"Jobs {', '.join(map(str, foreign))} are not held by this worker; stop reporting them.",
-                       "unknown_active_jobs")
+        ended = set(Job.objects.filter(pk__in=foreign, worker=worker, status__in=TERMINAL_STATUSES)
+                    .values_list("pk", flat=True))
+        unknown = [pk for pk in foreign if pk not in ended]
+        if unknown:
+            raise Conflict(f"Jobs {', '.join(map(str, unknown))} are not held by this worker; stop reporting them.",
+                           "unknown_active_jobs")
+        raise ActiveJobsEnded(sorted(ended))
     lost = Job.objects.filter(worker=worker, status=JobStatus.CLAIMED).exclude(pk__in=active_job_ids).first()
     if lost is None:
         return None
@@ -346,9 +379,105 @@ def resume(worker: Worker, active_job_ids: list[int]) -> list[tuple[Job, str | N
     return result
 
 
-def _count_active(worker: Worker) -> None:
+def _count_active(worker: Worker | None) -> None:
+    if worker is None:
+        return
     count = Job.objects.filter(worker=worker, status__in=HELD_STATUSES).count()
     Worker.objects.filter(pk=worker.pk).update(active_jobs=count)
+
+
+_last_requeue = 0.0
+
+
+def requeue_unstarted(*, force: bool = False) -> list[int]:
+    """Jobs claimed by a worker that never started them and whose lease has had no heartbeat for 60 s
+    go back to the queue: a worker killed with its long-poll open, or gone before it started the job.
+    Reservations, replicas and the job token go in the same transaction. A job that started (running)
+    is never requeued, so nothing runs twice: a worker confirms the lease with a `running` heartbeat
+    before it starts the process (worker_agent.jobs). At most once a second per process unless forced."""
+    global _last_requeue
+    if not force and time.monotonic() - _last_requeue < 1.0:
+        return []
+    _last_requeue = time.monotonic()
+    cutoff = timezone.now() - REQUEUE_AFTER
+    stale = Q(status=JobStatus.CLAIMED, heartbeat_at__lt=cutoff, target__kind__in=["ssh", "local"])
+    requeued = []
+    for pk in Job.objects.filter(stale).values_list("pk", flat=True)[:100]:
+        with transaction.atomic():
+            # SKIP LOCKED: a heartbeat or completion holding the row wins; the next round looks again.
+            job = (Job.objects.select_for_update(skip_locked=True, of=("self",)).select_related("worker")
+                   .filter(stale, pk=pk).first())
+            if job is None:
+                continue
+            worker = job.worker
+            _requeue(job, f"worker {worker.worker_id if worker else '?'} claimed it but never started it, and sent "
+                          f"no heartbeat for {int(REQUEUE_AFTER.total_seconds())} s", "claimed_never_started")
+            _count_active(worker)
+        requeued.append(pk)
+    if requeued:
+        notify(JOBS_CHANNEL)
+    return requeued
+
+
+def _requeue(job: Job, why: str, reason: str) -> None:
+    """Back to the queue, on a locked CLAIMED job: its reservations, replicas and token go with it."""
+    worker = job.worker
+    job.status = JobStatus.QUEUED
+    job.worker = None
+    job.lease_id = None
+    job.claimed_at = None
+    job.heartbeat_at = None
+    job.save(update_fields=["status", "worker", "lease_id", "claimed_at", "heartbeat_at"])
+    GpuReservation.objects.filter(job=job).delete()
+    JobReplica.objects.filter(job=job).delete()
+    identity_services.revoke_job_tokens(job.pk)
+    _event(job, "requeued", f"Back in the queue: {why}")
+    audit(SYSTEM, "job.requeue", job, project=job.project,
+          after={"worker": worker.worker_id if worker else None, "reason": reason})
+
+
+def worker_stopping(worker: Worker) -> list[int]:
+    """worker/goodbye: a worker that drains before it exits. From now on it takes nothing (until its
+    next hello), and the jobs it claimed but never started go back to the queue at once, so another
+    worker runs them. Its running jobs stay its own: they run on and are re-attached on its next start.
+    Serialised with its claims by the worker's row lock: a claim either handed a job out before (then
+    it is released here) or sees the worker stopped."""
+    with transaction.atomic():
+        Worker.objects.select_for_update().filter(pk=worker.pk).update(stopped_at=timezone.now())
+        released = []
+        for job in (Job.objects.select_for_update(of=("self",)).select_related("worker", "project")
+                    .filter(worker=worker, status=JobStatus.CLAIMED)):
+            _requeue(job, f"worker {worker.worker_id} stopped before it started it", "worker_stopped")
+            released.append(job.pk)
+        _count_active(worker)
+    if released:
+        notify(JOBS_CHANNEL)
+    return released
+
+
+def mark_lost(actor: Actor, job: Job) -> Job:
+    """A Project admin's decision that a Not responding job's worker is gone for good: the job ends
+    failed with worker_lost and its GPUs are released. Never automatic (seed 002: GPUs are not
+    released by themselves); its process may still be running on the computer."""
+    if not access.can_mark_lost(actor.user, job):
+        raise Forbidden("Only Project admins can mark a Job as lost.", "project_admin_required")
+    with transaction.atomic():
+        job = Job.objects.select_for_update(of=("self",)).select_related("worker", "project").get(pk=job.pk)
+        if job.is_terminal:
+            raise Conflict(f"This job already ended ({job.status}).", "job_ended")
+        if not job.is_unresponsive:
+            raise Conflict("Only a Job that is Not responding (no heartbeat for 60 s while claimed or running) can "
+                           "be marked as lost; this one is not.", "job_responding")
+        worker = job.worker
+        _finish(job, JobStatus.FAILED, EndReason.WORKER_LOST,
+                error=f"Marked as lost by {actor.user.username}: its worker stopped responding "
+                      "(its process may still be running on the computer)")
+        audit(actor, "job.mark_lost", job, project=job.project,
+              after={"status": JobStatus.FAILED, "end_reason": EndReason.WORKER_LOST,
+                     "worker": worker.worker_id if worker else None})
+        _count_active(worker)
+    notify(JOBS_CHANNEL)
+    return job
 
 
 # Leased calls -----------------------------------------------------------------------------------

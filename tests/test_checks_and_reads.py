@@ -42,12 +42,18 @@ class TestChecks:
         assert item["computer"]["ssh_key_path"].endswith("mmt_worker_ed25519")
 
     def test_a_check_naming_no_worker_goes_only_to_workers_handling_the_computer(self, world, computers, worker):
-        handler = ScriptedWorker(world.worker_token, "handler", target_ids=[computers.researchers_private.pk])
+        """Target ids choose the worker; the computer's visibility still decides: alice's Private
+        computer is checked by the worker of the service account alice created, not by root's."""
+        private = computers.researchers_private.pk
+        roots = ScriptedWorker(world.worker_token, "roots-handler", target_ids=[private])
+        roots.hello()
+        alices_token = world.token(world.alices_account.user, ["read", "worker:execute"], kind="service")
+        handler = ScriptedWorker(alices_token, "handler", target_ids=[private])
         handler.hello()
-        session(world.project_admin).post(f"/api/computers/{computers.researchers_private.pk}/checks", {},
-                                          format="json")
+        session(world.project_admin).post(f"/api/computers/{private}/checks", {}, format="json")
         assert worker.claim_check() is None, "a worker without target ids never takes unnamed checks"
-        assert handler.claim_check()["computer"]["id"] == computers.researchers_private.pk
+        assert roots.claim_check() is None, "root's service account may not run jobs on alice's Private computer"
+        assert handler.claim_check()["computer"]["id"] == private
 
     def test_the_result_lands_and_the_user_reads_it_with_resolutions(self, world, computers, worker):
         admin = session(world.global_admin)

@@ -142,18 +142,22 @@ class TestClaim:
         create(world, gpu_box)
         assert picky.claim()["computer"]["id"] == gpu_box.pk
 
-    def test_a_worker_only_serves_computers_its_service_accounts_creator_manages(self, world):
-        """Listing a computer in target ids is not enough: alice's worker never gets jobs (and their
-        job tokens) on root's computers, not even Public ones — only on alice's own."""
-        roots = gpu_computer(world.global_admin, "root-box", visibility="public")
-        alices = gpu_computer(world.project_admin, "alice-box", visibility="public")
-        create(world, roots)
-        alices_job = create(world, alices)
+    def test_a_worker_serves_its_projects_jobs_where_its_service_account_may_run_them(self, world):
+        """The seeds' rule: alice's worker (her own service account) runs the project's jobs on root's
+        Public computer and on alice's Private one, never on root's Private one."""
+        roots_public = gpu_computer(world.global_admin, "root-public", visibility="public")
+        roots_private = gpu_computer(world.global_admin, "root-private", visibility="private")
+        alices_private = gpu_computer(world.project_admin, "alice-private", visibility="private")
+        public_job = create(world, roots_public)
+        create(world, roots_private, user=world.global_admin)
+        alices_job = create(world, alices_private, user=world.project_admin)
         token = world.token(world.alices_account.user, ["read", "worker:execute"], kind="service")
-        worker = JobWorker(token, "alices-worker", target_ids=[roots.pk, alices.pk])
+        worker = JobWorker(token, "alices-worker")
         worker.hello()
-        assert worker.claim()["id"] == alices_job["id"]
-        assert worker.claim(active=[alices_job["id"]]) is None
+        assert worker.claim()["id"] == public_job["id"]
+        assert worker.claim(active=[public_job["id"]])["id"] == alices_job["id"]
+        assert worker.claim(active=[public_job["id"], alices_job["id"]]) is None, \
+            "root's Private computer runs only root's and root's service accounts' jobs"
 
 
 def test_the_unique_constraint_alone_rejects_a_second_reservation_of_a_gpu(world, gpu_box):

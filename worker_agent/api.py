@@ -204,14 +204,20 @@ class ApiClient:
 
     # -- jobs ----------------------------------------------------------------------------------
 
-    def claim_job(self, worker_id: str, active_job_ids: list[int], wait: int = 0) -> dict | None:
+    def claim_job(self, worker_id: str, active_job_ids: list[int], wait: int = 0) -> tuple[dict | None, dict]:
         """One attempt only: a claim whose answer was lost is recovered with `resume_jobs`, never by
-        sending the claim again (a replay could take a second job)."""
+        sending the claim again (a replay could take a second job). Returns (item, answer): with no
+        item, the answer's `reason` says why the wait ended early (`active_jobs_ended`)."""
         wait = max(0, min(MAX_WAIT, int(wait)))
         data = self.request("POST", "worker/claim",
                             {"worker_id": worker_id, "active_job_ids": list(active_job_ids), "wait": wait},
                             read_timeout=wait + READ_TIMEOUT, attempts=1)
-        return data.get("item")
+        return data.get("item"), data
+
+    def goodbye(self, worker_id: str) -> dict:
+        """Draining before exit: the server hands this worker nothing more and puts back in the queue
+        the jobs it claimed but never started. Once, briefly: a worker that cannot say it still exits."""
+        return self.request("POST", "worker/goodbye", {"worker_id": worker_id}, read_timeout=5.0, attempts=1)
 
     def resume_jobs(self, worker_id: str, active_job_ids: list[int]) -> list[dict]:
         data = self.request("POST", "worker/resume", {"worker_id": worker_id, "active_job_ids": list(active_job_ids)})

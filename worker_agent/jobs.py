@@ -1,10 +1,13 @@
 """Jobs on the worker: the claim loop (`JobManager`) and one `JobRunner` per job.
 
 Claiming. The worker claims while it runs fewer jobs than `parallel_jobs`, with a long-poll, and again
-as soon as a job ends (the server ends a waiting claim with 409 `unknown_active_jobs` when one of the
-listed jobs completes). A claim is sent once: after a network error the worker calls `resume`, which
-returns every job the server gives this worker (a claim whose answer was lost among them), never
-sending the claim again.
+as soon as a job ends (the server ends a waiting claim with 200, no item and reason `active_jobs_ended`
+when one of the listed jobs completes). A claim is sent once: after a network error the worker calls
+`resume`, which returns every job the server gives this worker (a claim whose answer was lost among
+them), never sending the claim again. The server puts a job back in the queue when it was claimed and
+never started and 60 s passed without a heartbeat, so a worker confirms its lease with a `running`
+heartbeat *before* it starts the job's process: a job is started only under a lease the server still
+gives it, and a job the server calls running is never handed to another worker.
 
 A job, step by step (each step written to the journal, so a worker killed at any moment continues
 where it was, and nothing runs twice):
@@ -366,6 +369,7 @@ class JobRunner:
                 if self.cancel_requested:
                     self.save(completion={"status": "canceled", "end_reason": "canceled"})
                     return
+            self.confirm_start()
             answer = self.start_supervisor(spec)
             log.info("job %s started on %s (%s runtime, supervisor pid %s)", self.id, self.computer.get("name"),
                      self.job.get("runtime"), (answer.get("supervisor") or {}).get("pid"))
@@ -397,6 +401,16 @@ class JobRunner:
     def cluster_spec(self) -> dict | None:
         """`build_spec`'s `cluster` argument: none for an ordinary job (see ReplicaRunner)."""
         return None
+
+    def confirm_start(self) -> None:
+        """A `running` heartbeat before the process starts, answered by the server: after it the job is
+        never requeued (jobs.services.requeue_unstarted), so it cannot run twice. A lease the server no
+        longer gives (requeued while this worker was away) drops the job here, before anything ran."""
+        answer = self.call(lambda: self.api.job_heartbeat(self.id, self.config.worker_id, self.lease, "running"),
+                           "the lease confirmation before the start")
+        self.save(running_reported=True)
+        if answer.get("cancel_requested"):
+            self.cancel_requested = True
 
     def start_supervisor(self, spec: dict) -> dict:
         try:
@@ -978,6 +992,7 @@ class ClusterRunner(JobRunner):
                 self.stop_replicas([r for r in self.replicas if r.name in present])
                 self.save(completion={"status": "canceled", "end_reason": "canceled"})
                 return False
+        self.confirm_start()  # the lease is still ours, and the job never returns to the queue now
         started = set(present)
         for replica in fresh:
             try:
@@ -1298,7 +1313,8 @@ class JobManager:
                 if self.stop_event.is_set():
                     return
                 try:
-                    item = self.api.claim_job(self.config.worker_id, self.active_ids(), self.config.claim_wait)
+                    active = self.active_ids()
+                    item, answer = self.api.claim_job(self.config.worker_id, active, self.config.claim_wait)
                     failures = unknown = 0
                 except FatalApiError as exc:
                     self.on_fatal(exc)
@@ -1312,14 +1328,18 @@ class JobManager:
                     continue
                 except ApiError as exc:
                     if exc.code == "unknown_active_jobs":
-                        # A job ended during the long-poll: claim again at once. (Should a runner hold a job
-                        # the server no longer gives us, its next heartbeat drops it; until then, slowly.)
+                        # A runner holds a job the server no longer gives us: its next heartbeat drops it.
+                        # Until then, claim slowly.
                         unknown += 1
-                        self.stop_event.wait(0 if unknown == 1 else min(1.0, 0.05 * unknown))
+                        self.stop_event.wait(min(1.0, 0.05 * unknown))
                         continue
                     failures += 1
                     log.warning("job claim refused: %s", exc)
                     self.stop_event.wait(self.backoff.delay(failures))
+                    continue
+                if item is None and answer.get("reason") == "active_jobs_ended":
+                    # The wake-up: a job ended during the long-poll. Claim again once its runner is gone.
+                    self.wait_runners_gone(set(answer.get("ended_job_ids") or active))
                     continue
                 if item is not None:
                     self.accept(item)
@@ -1330,6 +1350,10 @@ class JobManager:
         except Exception:
             log.exception("the job claim loop failed")
             self.on_fatal(FatalApiError("The job claim loop failed unexpectedly; see the log above."))
+
+    def wait_runners_gone(self, job_ids: set, timeout: float = 1.0) -> None:
+        with self.cond:
+            self.cond.wait_for(lambda: self.stop_event.is_set() or not job_ids & set(self.runners), timeout=timeout)
 
     def telemetry_loop(self) -> None:
         """A sample of each running job's GPUs as soon as it runs, then every INTERVAL_SECONDS."""
@@ -1378,7 +1402,7 @@ class JobManager:
         self.recover()
         if not self.active_ids():
             try:
-                item = self.api.claim_job(self.config.worker_id, [], 0)
+                item, _ = self.api.claim_job(self.config.worker_id, [], 0)
             except ApiUnavailable:
                 self.resume_after_error()
                 item = None

@@ -5,9 +5,11 @@ thread per job, GPU telemetry). Three more threads here: presence (`worker/hello
 every `hello_interval_seconds`, re-scanning key candidates each time), checks and reads (each a
 long-poll claim → handle → complete, so a read queued while the worker waits is answered as soon as
 the server wakes the poll). Network trouble is retried with backoff and never stops the worker;
-401/403 stop it with a sentence saying which token or scope is wrong. SIGTERM stops claiming and
-exits once the check or read in hand is reported (at most a grace period); running jobs are left
-running on their targets and re-attached on the next start."""
+401/403 stop it with a sentence saying which token or scope is wrong. SIGTERM drains: the worker stops
+claiming and says `worker/goodbye`, so the server hands its open long-polls nothing more and puts the
+jobs it claimed but never started back in the queue for another worker; it exits once the check or
+read in hand is reported (at most a grace period); running jobs are left running on their targets and
+re-attached on the next start."""
 from __future__ import annotations
 
 import logging
@@ -188,6 +190,8 @@ class Worker:
             self.jobs.start_threads()
         while not self.stop_event.wait(1.0):
             self.pool.prune()
+        if self.fatal is None:
+            self.say_goodbye()
         if self.jobs is not None:
             self.jobs.shutdown()
         # A check or read in hand gets a grace period to be reported. Threads waiting in a long-poll
@@ -199,6 +203,18 @@ class Worker:
         self.pool.close_all()
         log.info("worker %s stopped", self.config.worker_id)
         return 1 if self.fatal else 0
+
+    def say_goodbye(self) -> None:
+        try:
+            answer = self.api.goodbye(self.config.worker_id)
+        except ApiError as exc:
+            log.warning("could not tell the server that this worker stops (%s): jobs it claimed but did not "
+                        "start return to the queue after 60 s without a heartbeat", exc)
+            return
+        released = answer.get("released_job_ids") or []
+        if released:
+            log.info("stopping: job(s) %s go back to the queue for another worker",
+                     ", ".join(map(str, released)))
 
     def run_once(self) -> int:
         """Presence, then whatever check and read are waiting now, then one job (or the jobs this worker

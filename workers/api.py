@@ -19,6 +19,8 @@ from workers import services
 from workers.longpoll import wait_for
 from workers.models import Worker
 
+NO_STORE = {"Cache-Control": "no-store"}  # claim and resume answers carry job tokens
+
 
 class WorkerView(APIView):
     """Base of the worker endpoints: a worker:execute token, never a browser session."""
@@ -50,6 +52,16 @@ class HelloView(WorkerView):
         worker = services.hello(request.auth, self.body())
         return Response({"worker_id": worker.worker_id, "online": True, "server_time": worker.last_seen_at,
                          "hello_interval_seconds": 60})
+
+
+class GoodbyeView(WorkerView):
+    """A worker draining before it exits (SIGTERM): it is offline at once and takes nothing more; the
+    jobs it claimed but never started go back to the queue. The next hello brings it back."""
+
+    @extend_schema(request=OpenApiTypes.OBJECT, responses=OpenApiTypes.OBJECT)
+    def post(self, request):
+        released = job_services.worker_stopping(self.worker())
+        return Response({"worker_id": self.body().get("worker_id"), "online": False, "released_job_ids": released})
 
 
 class CheckClaimView(WorkerView):
@@ -103,6 +115,7 @@ class ReadCompleteView(WorkerView):
 
 def worker_body(worker: Worker, *, with_candidates: bool) -> dict:
     body = {
+        "id": worker.pk,
         "worker_id": worker.worker_id,
         "project": worker.project.slug,
         "version": worker.version,
@@ -156,12 +169,17 @@ class JobClaimView(WorkerView):
     def post(self, request):
         worker = self.worker()
         active = _active_ids(self.body())
-        claimed = wait_for(lambda: job_services.claim_job(worker, active), self.wait_seconds(),
-                           job_services.JOBS_CHANNEL)
+        try:
+            claimed = wait_for(lambda: job_services.claim_job(worker, active), self.wait_seconds(),
+                               job_services.JOBS_CHANNEL)
+        except job_services.ActiveJobsEnded as wake:
+            # A wake-up, not a conflict: the worker has room again and claims at once.
+            return Response({"item": None, "reason": wake.reason, "ended_job_ids": wake.job_ids},
+                            headers=NO_STORE)
         if claimed is None:
-            return Response({"item": None})
+            return Response({"item": None}, headers=NO_STORE)
         job, token = claimed
-        return Response({"item": worker_job_payload(job, token)})
+        return Response({"item": worker_job_payload(job, token)}, headers=NO_STORE)
 
 
 class JobResumeView(WorkerView):
@@ -169,7 +187,7 @@ class JobResumeView(WorkerView):
     def post(self, request):
         worker = self.worker()
         held = job_services.resume(worker, _active_ids(self.body()))
-        return Response({"items": [worker_job_payload(job, token) for job, token in held]})
+        return Response({"items": [worker_job_payload(job, token) for job, token in held]}, headers=NO_STORE)
 
 
 class LeasedJobView(WorkerView):

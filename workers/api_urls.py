@@ -4,6 +4,7 @@ from workers import api
 
 urlpatterns = [
     path("worker/hello", api.HelloView.as_view(), name="api-worker-hello"),
+    path("worker/goodbye", api.GoodbyeView.as_view(), name="api-worker-goodbye"),
     path("worker/checks/claim", api.CheckClaimView.as_view(), name="api-worker-check-claim"),
     path("worker/checks/<int:check_id>/complete", api.CheckCompleteView.as_view(), name="api-worker-check-complete"),
     path("worker/reads/claim", api.ReadClaimView.as_view(), name="api-worker-read-claim"),

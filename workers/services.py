@@ -32,6 +32,7 @@ def hello(principal, data: dict) -> Worker:
                            fields=problems)
     worker_id = validate_worker_id(data["worker_id"])
     values = {
+        "token": principal.token,
         "project": principal.project,
         "version": data["version"][:64],
         "hostname": data["hostname"][:255],
@@ -41,10 +42,12 @@ def hello(principal, data: dict) -> Worker:
         "ssh_key_candidates": _paths(data.get("ssh_key_candidates", []), "ssh_key_candidates"),
         "known_hosts_candidates": _paths(data.get("known_hosts_candidates", []), "known_hosts_candidates"),
         "last_seen_at": timezone.now(),
+        "stopped_at": None,
     }
     with transaction.atomic():
+        # Bound to the token's service account: the same name said by another account is another worker.
         worker, created = Worker.objects.select_for_update().get_or_create(
-            token=principal.token, worker_id=worker_id, defaults=values)
+            account=principal.token.user, worker_id=worker_id, defaults=values)
         if not created:
             if not worker.is_online:
                 values["started_at"] = timezone.now()
@@ -59,7 +62,7 @@ def touch(principal, worker_id) -> Worker:
     resumes without the required presence fields are refused with 422)."""
     worker_id = validate_worker_id(worker_id)
     now = timezone.now()
-    worker = Worker.objects.filter(token=principal.token, worker_id=worker_id).first()
+    worker = Worker.objects.filter(account=principal.token.user, worker_id=worker_id).first()
     if worker is None:
         raise ServiceError("Send worker/hello with worker_id, version and hostname before claiming.",
                            "hello_required")

@@ -21,6 +21,7 @@ class StandInApi:
         self.read_answers: list = []
         self.hello_answer = {"worker_id": "w1", "online": True, "hello_interval_seconds": 60}
         self.complete_error: Exception | None = None
+        self.goodbyes: list[str] = []
 
     def hello(self, payload):
         self.hellos.append(payload)
@@ -52,6 +53,10 @@ class StandInApi:
     def complete_read(self, *args):
         self.completed.append(("read", *args))
         return {}
+
+    def goodbye(self, worker_id):
+        self.goodbyes.append(worker_id)
+        return {"online": False, "released_job_ids": []}
 
 
 def config(tmp_path, **extra) -> WorkerConfig:
@@ -132,3 +137,13 @@ def test_transient_failures_are_retried_and_a_stop_request_ends_the_loop(tmp_pat
     worker.stop_event.set()
     thread.join(timeout=5)
     assert codes == [0] and len(api.hellos) >= 2
+    assert api.goodbyes == ["w1"], "a stopping worker drains: it tells the server before it exits"
+
+
+def test_a_worker_stopped_by_a_rejected_token_says_no_goodbye(tmp_path):
+    api = StandInApi()
+    api.check_answers = [FatalApiError("The API server rejected the worker token (401).")]
+    worker = Worker(config(tmp_path), api=api)
+    thread, codes = run_in_thread(worker)
+    thread.join(timeout=10)
+    assert codes == [1] and api.goodbyes == []
