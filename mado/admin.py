@@ -1,6 +1,7 @@
 from django.contrib import admin, messages
 
 from mado import services
+from mado.errors import ServiceError
 from mado.models import ApiToken, AuditEvent, JobToken, Membership, Project, ServiceAccount
 
 
@@ -16,6 +17,25 @@ class ReadOnlyAdmin(admin.ModelAdmin):
 
     def has_delete_permission(self, request, obj=None):
         return False
+
+
+class ServiceActionMixin:
+    """Admin actions that call a service per selected row, as the product's pages do. A refused row
+    (a ServiceError) is reported by name and the others still go through."""
+
+    def apply_service(self, request, queryset, call, *, done: str, name=str):
+        actor = services.Actor.from_request(request)
+        succeeded = 0
+        for obj in queryset:
+            try:
+                call(actor, obj)
+            except ServiceError as error:
+                self.message_user(request, f"{name(obj)}: {error.message}", messages.ERROR)
+            else:
+                succeeded += 1
+        if succeeded:
+            self.message_user(request, done.format(count=succeeded), messages.SUCCESS)
+        return succeeded
 
 
 class MembershipInline(admin.TabularInline):
