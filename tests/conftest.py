@@ -31,8 +31,8 @@ class World:
         self.viewer = self._user("carol", Role.VIEWER)
         self.outsider = User.objects.create_user("mallory", password="mallory-pass-123")
         Membership.objects.create(project=self.other_project, user=self.outsider, role=Role.ADMIN)
-        # The worker's service account is set up by a global administrator, so its worker may serve
-        # every computer (a worker serves the computers its account's creator manages).
+        # The worker's service account is set up by a global administrator, so its worker serves the
+        # project's jobs on Public computers and on the global administrator's Private ones.
         self.service_account = services.create_service_account(
             services.Actor(self.global_admin), self.project, name="gpu-host-1-worker", role=Role.ADMIN
         )
