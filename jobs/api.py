@@ -7,7 +7,7 @@ from rest_framework import exceptions
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from jobs import access, outputs, services
+from jobs import access, outputs, services, waiting
 from jobs.choices import JobStatus, Stream
 from jobs.models import Job
 from jobs.serializers import artifact_body, job_body, log_body, metric_body
@@ -66,7 +66,9 @@ class ProjectJobsView(APIView):
         if before is None:
             raise exceptions.ValidationError({"before": ["before is the id of the oldest job you have."]})
         page = list(jobs.filter(pk__lt=before).order_by("-id")[:JOB_PAGE])
-        return Response({"items": [job_body(request.user, job, is_project_admin=is_admin) for job in page],
+        reasons = waiting.reasons(page)  # why queued jobs wait, in a bounded number of queries
+        return Response({"items": [job_body(request.user, job, is_project_admin=is_admin, waiting_reasons=reasons)
+                                   for job in page],
                          "next": page[-1].pk if len(page) == JOB_PAGE else None})
 
     @extend_schema(request=OpenApiTypes.OBJECT, responses={201: OpenApiTypes.OBJECT})

@@ -10,6 +10,7 @@ urlpatterns = [
     path("projects/<slug:project>/jobs/<int:pk>/poll", views.job_poll, name="job-poll"),
     path("projects/<slug:project>/jobs/<int:pk>/log.txt", views.job_log_text, name="job-log-text"),
     path("projects/<slug:project>/jobs/<int:pk>/stop", views.job_stop, name="job-stop"),
+    path("projects/<slug:project>/jobs/<int:pk>/lost", views.job_mark_lost, name="job-mark-lost"),
     path("projects/<slug:project>/jobs/<int:pk>/artifacts/<int:artifact_id>", views.artifact_download,
          name="job-artifact"),
 ]

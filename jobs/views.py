@@ -27,7 +27,7 @@ from django.utils.translation import gettext_noop
 from django.views.decorators.http import require_GET, require_http_methods
 from django_htmx.http import HttpResponseStopPolling
 
-from jobs import access, cluster, services
+from jobs import access, services, waiting
 from jobs.charts import job_charts
 from computers.choices import Kind
 from datasets import services as dataset_services
@@ -70,11 +70,12 @@ def job_list(request, project):
     access.apply_site_deadlines(jobs)
     page = Paginator(jobs, LIST_PAGE).get_page(request.GET.get("page"))
     is_admin = identity.has_role(request.user, project, Role.ADMIN)
+    reasons = waiting.reasons(page)  # for the whole page at once: its queries do not grow with the rows
     context = {
         "project": project,
         "page": page,
         "rows": [{"job": job, "refusal": access.stop_refusal(request.user, job, is_project_admin=is_admin),
-                  "age": _age(job.created_at)}
+                  "age": _age(job.created_at), "waiting_reason": reasons.get(job.pk)}
                  for job in page],
         # The list polls while something can still change by itself.
         "polling": jobs.filter(status__in=ACTIVE_STATUSES).exists(),
@@ -253,8 +254,8 @@ def _panels(request, job: Job) -> dict:
     artifacts = list(job.artifacts.all())
     events = list(job.events.all())
     metric_stamp = job.metrics.aggregate(n=Count("id"), last=Max("id"))
-    queued_reason = cluster.queued_reason(job)
-    version = "|".join(map(str, [queued_reason,
+    waiting_reason = waiting.reason(job)
+    version = "|".join(map(str, [waiting_reason,
         job.status, job.end_reason, job.exit_code, job.worker_id, job.target_id, job.stop_requested_at,
         job.is_unresponsive,
         job.started_at, job.finished_at, [e.pk for e in events][-1:], metric_stamp["n"], metric_stamp["last"],
@@ -264,6 +265,7 @@ def _panels(request, job: Job) -> dict:
         "project": job.project,
         "job": job,
         "refusal": access.stop_refusal(request.user, job),
+        "can_mark_lost": job.is_unresponsive and access.can_mark_lost(request.user, job),
         "timeline": [_timeline_entry(event) for event in events],
         "command_line": shlex.join(job.command) if isinstance(job.command, list) else str(job.command),
         "walltime": _duration(job.walltime_seconds),
@@ -275,7 +277,7 @@ def _panels(request, job: Job) -> dict:
         "manual": _manual_for(request, job),
         "replicas": list(job.replicas.select_related("target")) if job.is_cluster else [],
         "input_versions": dataset_services.input_versions(job),
-        "queued_reason": queued_reason,
+        "waiting_reason": waiting_reason,
         "version": hashlib.sha256(version.encode()).hexdigest()[:16],
     }
 
@@ -331,3 +333,27 @@ def job_stop(request, project, pk):
     return dialog(request, "jobs/partials/_stop_dialog.html", context, back=back, page="jobs/dialog_page.html")
 
 
+# Mark as lost -----------------------------------------------------------------------------------
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def job_mark_lost(request, project, pk):
+    """A Project admin's decision that a Not responding Job's worker is gone (jobs.services.mark_lost):
+    the dialog says what that does and what it does not (the process may still run on the computer)."""
+    job = _job(request, project, pk)
+    if not access.can_mark_lost(request.user, job):
+        raise PermissionDenied(_("Only Project admins can mark a Job as lost."))
+    back = reverse("job-detail", args=[job.project.slug, job.pk])
+    error = None
+    if request.method == "POST":
+        try:
+            services.mark_lost(Actor.from_request(request), job)
+        except ServiceError as refused:
+            error = refused.message
+            job.refresh_from_db()
+        else:
+            return dialog_done(request, "jobsChanged", back)
+    context = {"project": job.project, "job": job, "error": error, "refusal": access.lost_refusal(job),
+               "heartbeat_age": _age(job.heartbeat_at) if job.heartbeat_at else ""}
+    # Refusals are shown in the dialog with 200, as in Request stop: htmx swaps no 4xx answer.
+    return dialog(request, "jobs/partials/_lost_dialog.html", context, back=back, page="jobs/dialog_page.html")
