@@ -1,6 +1,7 @@
 """Django settings for Mado Compute. Every knob comes from an MADO_* environment variable."""
 from __future__ import annotations
 
+from datetime import timedelta
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -30,6 +31,7 @@ INSTALLED_APPS = [
     "django.contrib.sessions",
     "django.contrib.messages",
     "django.contrib.staticfiles",
+    "axes",
     "rest_framework",
     "drf_spectacular",
     "drf_spectacular_sidecar",
@@ -53,6 +55,9 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
+    # django-axes' middleware last, as it asks: it turns a refused sign-in into the lock-out page.
+    "mado.authentication.axes_request_middleware",
+    "axes.middleware.AxesMiddleware",
 ]
 
 ROOT_URLCONF = "mado.urls"
@@ -78,7 +83,8 @@ TEMPLATES = [
 DATABASES = {"default": env.database("MADO_DATABASE_URL", VAR_DIR / "mado.sqlite3")}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
-AUTHENTICATION_BACKENDS = ["mado.authentication.HumanOnlyModelBackend"]
+# The sign-in limit comes first: it refuses a locked-out sign-in before the password is checked.
+AUTHENTICATION_BACKENDS = ["mado.authentication.SignInLimitBackend", "mado.authentication.HumanOnlyModelBackend"]
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
@@ -109,7 +115,8 @@ SECURE_SSL_REDIRECT = HTTPS and env.env_bool("MADO_SSL_REDIRECT", True)
 SECURE_HSTS_SECONDS = env.env_int("MADO_HSTS_SECONDS", 31536000 if HTTPS else 0, minimum=0)
 SECURE_HSTS_INCLUDE_SUBDOMAINS = HTTPS
 SECURE_HSTS_PRELOAD = HTTPS
-SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https") if env.env_bool("MADO_BEHIND_PROXY", False) else None
+BEHIND_PROXY = env.env_bool("MADO_BEHIND_PROXY", False)
+SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https") if BEHIND_PROXY else None
 SECURE_CONTENT_TYPE_NOSNIFF = True
 SESSION_COOKIE_HTTPONLY = True
 X_FRAME_OPTIONS = "DENY"
@@ -138,6 +145,28 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
 }
+
+# Guessing passwords and tokens (docs/configuration.md, "Sign-in and token limits"). django-axes counts
+# failed sign-ins per username *and* address in its AccessAttempt table (listed in Django admin, where a
+# global administrator unlocks by deleting the row); mado.authentication adds the per-address limit and
+# counts unknown API tokens per address in the same table.
+LOGIN_FAILURE_LIMIT = env.env_int("MADO_LOGIN_FAILURE_LIMIT", 5, minimum=1)
+LOGIN_ADDRESS_FAILURE_LIMIT = env.env_int("MADO_LOGIN_ADDRESS_FAILURE_LIMIT", 30, minimum=1)
+LOGIN_COOLOFF_MINUTES = env.env_int("MADO_LOGIN_COOLOFF_MINUTES", 15, minimum=1)
+TOKEN_FAILURE_LIMIT = env.env_int("MADO_TOKEN_FAILURE_LIMIT", 20, minimum=1)
+TOKEN_COOLOFF_MINUTES = env.env_int("MADO_TOKEN_COOLOFF_MINUTES", 15, minimum=1)
+AXES_ENABLED = True
+AXES_HANDLER = "mado.authentication.SignInAttemptHandler"
+AXES_FAILURE_LIMIT = LOGIN_FAILURE_LIMIT
+AXES_COOLOFF_TIME = timedelta(minutes=LOGIN_COOLOFF_MINUTES)
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_RESET_ON_SUCCESS = True
+# Attempts refused during a lock-out are not counted: the cool-off runs from the lock-out, as the page says.
+AXES_RESET_COOL_OFF_ON_FAILURE_DURING_LOCKOUT = False
+AXES_CLIENT_IP_CALLABLE = "mado.authentication.client_address"
+AXES_LOCKOUT_CALLABLE = "mado.views.sign_in_locked_out"
+AXES_SENSITIVE_PARAMETERS = ["username", "ip_address", "csrfmiddlewaretoken"]
+AXES_VERBOSE = False  # no start-up banner on every manage.py command
 
 CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
 

@@ -2,16 +2,19 @@
 from __future__ import annotations
 
 import json
+import math
 
 from django.contrib.auth.decorators import login_required
+from django.contrib.auth.forms import AuthenticationForm
 from django.db.models import Count, Q
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.utils import timezone
 from django.utils.translation import gettext as _
+from django.utils.translation import ngettext
 from django.views.decorators.http import require_http_methods, require_POST
 
-from mado import access, services
+from mado import access, authentication, services
 from mado.choices import Role, TokenKind
 from mado.dialogs import dialog, dialog_done
 from mado.errors import ServiceError
@@ -166,6 +169,28 @@ def token_revoke(request, project, token_id):
             "token": ApiToken.objects.get(pk=token.pk), "project": project, "can_revoke": False,
         })
     return redirect("project-tokens", project=project.slug)
+
+
+# Sign-in ----------------------------------------------------------------------------------------
+
+def sign_in_locked_out(request, original_response=None, credentials=None):
+    """django-axes' lock-out answer (AXES_LOCKOUT_CALLABLE), for /login/ and /admin/login/: the sign-in
+    page again, saying why and for how long, with 429 and Retry-After."""
+    seconds = authentication.sign_in_retry_after(request, credentials)
+    minutes = max(1, math.ceil(seconds / 60))
+    message = ngettext(
+        "Too many failed sign-ins for this account or from this address. Try again in %(minutes)d minute, "
+        "or ask a global administrator to unlock it.",
+        "Too many failed sign-ins for this account or from this address. Try again in %(minutes)d minutes, "
+        "or ask a global administrator to unlock it.",
+        minutes,
+    ) % {"minutes": minutes}
+    form = AuthenticationForm(request, initial={"username": request.POST.get("username", "")})
+    response = render(request, "registration/login.html", {
+        "form": form, "locked_out": message, "next": request.POST.get("next", ""),
+    }, status=429)
+    response["Retry-After"] = str(seconds)
+    return response
 
 
 # Error pages ------------------------------------------------------------------------------------

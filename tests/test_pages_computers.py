@@ -207,6 +207,9 @@ def test_connection_details_appear_only_to_owners_and_global_administrators(clie
             for secret in secrets_of(other):
                 if other.name in manages and other == target:
                     assert secret in page, (who, target.name, secret)
+                elif secret == other.ssh_user and other == target and other.visibility == "public":
+                    # Who Jobs run as is shown to everyone who may use the computer (issue 14, finding 6).
+                    assert secret in page, (who, target.name, secret)
                 else:
                     assert secret not in page, (who, target.name, secret)
     compute = html(client.get(reverse("project-compute", args=["lab"]))) if who != "outsider" else ""
@@ -257,7 +260,7 @@ def _clean(target, result):
 def test_step_1_offers_the_only_online_worker_preselected_with_its_key_candidates(client, world, worker):
     page = html(signed_in(client, world.global_admin).get(reverse("computer-add"), **HTMX))
     pk = Worker.objects.get().pk
-    assert f'<option value="{pk}" selected>lab-worker-1 (worker-host)</option>' in page
+    assert f'<option value="{pk}" selected>lab-worker-1 (lab, worker-host)</option>' in page
     assert f'<option value="{KEY}"></option>' in page and f'<option value="{KNOWN_HOSTS}"></option>' in page
     assert 'list="ssh-key-options"' in page and 'list="known-hosts-options"' in page
     for label in ["Name", "Type", "Visibility", "Host", "Port", "SSH user", "SSH key path", "known_hosts path",
