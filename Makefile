@@ -39,14 +39,17 @@ peers:
 migrate: venv
 	MADO_DEBUG=true MADO_DEV_MODE=true $(PY) manage.py migrate --no-input
 
-# The demo: server on 127.0.0.1:8000 plus one local worker for the Local computer; Ctrl-C stops both.
+# The demo: server on 127.0.0.1:8000 plus one local worker for the Local computer and the periodic
+# runner (time-based rules, notifications); Ctrl-C stops all three.
 run: migrate
 	MADO_DEBUG=true MADO_DEV_MODE=true $(PY) manage.py demo
 	@MADO_DEV_MODE=true MMT_ALLOW_LOCAL_EXECUTOR=true MMT_API_URL=http://127.0.0.1:8000 \
 	  MMT_API_TOKEN_FILE=$(CURDIR)/var/worker-token MMT_WORKER_ID=local-worker MMT_WORKER_STATE_DIR=$(CURDIR)/var/worker-state \
 	  $(VENV)/bin/mado-tracking-worker run > var/worker.log 2>&1 & worker=$$!; \
 	  echo "Local worker started (log: var/worker.log)."; \
-	  trap 'kill $$worker 2>/dev/null' EXIT INT TERM; \
+	  MADO_DEBUG=true MADO_DEV_MODE=true $(PY) manage.py mado_periodic > var/periodic.log 2>&1 & periodic=$$!; \
+	  echo "Periodic runner started (log: var/periodic.log)."; \
+	  trap 'kill $$worker $$periodic 2>/dev/null' EXIT INT TERM; \
 	  MADO_DEBUG=true MADO_DEV_MODE=true $(PY) manage.py runserver 127.0.0.1:8000
 
 # A throwaway PostgreSQL database per run: pytest-django creates test_<name> and drops it at the end.

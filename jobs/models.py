@@ -53,6 +53,9 @@ class Job(models.Model):
     worker = models.ForeignKey("workers.Worker", on_delete=models.SET_NULL, null=True, blank=True, related_name="jobs")
     lease_id = models.UUIDField(null=True, blank=True)
     heartbeat_at = models.DateTimeField(null=True, blank=True)
+    # When the periodic runner last announced this job as Not responding (audit `job.not_responding`):
+    # once per silence, again only after a heartbeat newer than this (jobs.services.report_unresponsive).
+    unresponsive_reported_at = models.DateTimeField(null=True, blank=True)
     stop_requested_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True,
                                           related_name="+")
     stop_requested_at = models.DateTimeField(null=True, blank=True)

@@ -419,6 +419,27 @@ def requeue_unstarted(*, force: bool = False) -> list[int]:
     return requeued
 
 
+def report_unresponsive() -> list[int]:
+    """The periodic runner's Not responding rule: a claimed or running job without a heartbeat for
+    UNRESPONSIVE_AFTER is announced once (audit `job.not_responding`, which notifications follow), and
+    again only if it sent a heartbeat since and went quiet again. Nothing else changes: its GPUs stay
+    reserved (is_unresponsive, mark as lost). Returns the ids announced."""
+    now = timezone.now()
+    quiet = (Q(status__in=HELD_STATUSES, heartbeat_at__lt=now - UNRESPONSIVE_AFTER)
+             & (Q(unresponsive_reported_at__isnull=True) | Q(unresponsive_reported_at__lt=F("heartbeat_at"))))
+    announced = []
+    for job in Job.objects.filter(quiet).select_related("project", "worker")[:500]:
+        with transaction.atomic():
+            # Conditional: a second runner, or a heartbeat landing meanwhile, makes this match nothing.
+            if not Job.objects.filter(quiet, pk=job.pk).update(unresponsive_reported_at=now):
+                continue
+            audit(SYSTEM, "job.not_responding", job, project=job.project, after={
+                "status": job.status, "heartbeat_at": job.heartbeat_at.isoformat(),
+                "worker": job.worker.worker_id if job.worker else None})
+        announced.append(job.pk)
+    return announced
+
+
 def _requeue(job: Job, why: str, reason: str) -> None:
     """Back to the queue, on a locked CLAIMED job: its reservations, replicas and token go with it."""
     worker = job.worker
@@ -710,11 +731,14 @@ def _timestamp(value):
         return timezone.now()
     try:
         parsed = parse_datetime(value) if isinstance(value, str) else None
-    except ValueError:
+        if parsed is None:
+            return None
+        if timezone.is_naive(parsed):
+            parsed = timezone.make_aware(parsed, datetime.timezone.utc)
+        # In UTC, as stored: 9999-12-31T23:59:59-23:59 lies past year 9999, which no datetime holds.
+        return parsed.astimezone(datetime.timezone.utc)
+    except (ValueError, OverflowError):
         return None
-    if parsed is not None and timezone.is_naive(parsed):
-        parsed = timezone.make_aware(parsed, datetime.timezone.utc)
-    return parsed
 
 
 def _printable(text: str) -> str:

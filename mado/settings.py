@@ -43,6 +43,7 @@ INSTALLED_APPS = [
     "jobs",
     "sites",
     "datasets",
+    "notifications",
 ]
 
 MIDDLEWARE = [
@@ -182,3 +183,17 @@ TOKEN_LAST_USED_RESOLUTION_SECONDS = 60
 TOKEN_MAX_DAYS = 365
 MAX_SOURCE_BYTES = env.env_int("MADO_MAX_SOURCE_MIB", 512, minimum=1) * 2**20
 MAX_OUTPUT_FILES = env.env_int("MADO_MAX_OUTPUT_FILES", 10_000, minimum=1)
+
+# Notifications (docs/notifications.md): e-mail through Django's SMTP backend, signed webhooks, retries.
+# NOTIFICATION_EMAIL_BACKEND is separate from EMAIL_BACKEND, which the test runner swaps for memory.
+NOTIFICATION_EMAIL_BACKEND = "django.core.mail.backends.smtp.EmailBackend"
+EMAIL_HOST = env.env_str("MADO_EMAIL_HOST", "localhost")
+EMAIL_PORT = env.env_int("MADO_EMAIL_PORT", 25, minimum=1, maximum=65535)
+EMAIL_HOST_USER = env.env_str("MADO_EMAIL_USER", "")
+EMAIL_HOST_PASSWORD = env.env_str("MADO_EMAIL_PASSWORD", "")
+EMAIL_USE_TLS = env.env_bool("MADO_EMAIL_USE_TLS", False)
+EMAIL_TIMEOUT = env.env_int("MADO_EMAIL_TIMEOUT_SECONDS", 10, minimum=1, maximum=300)
+DEFAULT_FROM_EMAIL = env.env_str("MADO_EMAIL_FROM", f"Mado Compute <mado@{_public.hostname or 'localhost'}>")
+NOTIFICATION_WEBHOOK_TIMEOUT_SECONDS = env.env_int("MADO_WEBHOOK_TIMEOUT_SECONDS", 10, minimum=1, maximum=60)
+NOTIFICATION_RETRY_BASE_SECONDS = env.env_int("MADO_NOTIFICATION_RETRY_BASE_SECONDS", 30, minimum=1)
+NOTIFICATION_RETRY_HOURS = env.env_int("MADO_NOTIFICATION_RETRY_HOURS", 24, minimum=1)

@@ -31,6 +31,7 @@ urlpatterns = [
     path("", include("jobs.urls")),
     path("", include("sites.urls")),
     path("", include("datasets.urls")),
+    path("", include("notifications.urls")),
 ]
 
 handler400 = "mado.views.bad_request"

@@ -42,6 +42,10 @@ class Worker(models.Model):
     # Set by worker/goodbye (a worker stopping): it is offline at once and takes nothing more until
     # its next hello.
     stopped_at = models.DateTimeField(null=True, blank=True)
+    # The presence last announced (worker.online / worker.offline audit rows, which notifications
+    # follow): flipped only by workers.services.sweep_presence in the periodic runner, so each
+    # transition is recorded once, however many hellos a flapping worker sends.
+    reported_online = models.BooleanField(default=True)
 
     objects = WorkerQuerySet.as_manager()
 

@@ -4,11 +4,13 @@ from __future__ import annotations
 from datetime import timedelta
 
 from django.db import transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from mado.errors import ServiceError
+from mado.services import SYSTEM, audit
 from mado.validation import BIGINT_MAX, NAME_PATTERN, as_int
-from workers.models import Worker
+from workers.models import ONLINE_WINDOW, Worker
 
 MAX_CANDIDATES = 50
 # last_seen_at is written at most this often unless something else changed (REFERENCE §1).
@@ -70,6 +72,30 @@ def touch(principal, worker_id) -> Worker:
         Worker.objects.filter(pk=worker.pk).update(last_seen_at=now)
         worker.last_seen_at = now
     return worker
+
+
+def sweep_presence() -> list[tuple[str, int]]:
+    """The periodic runner's presence rule: a worker not seen for ONLINE_WINDOW (or stopped by
+    goodbye) is announced offline once, and online once when it is seen again; each announcement is an
+    audit row (`worker.offline`, `worker.online`) that notifications follow. A worker that flaps sends
+    one of each per flap, not one per hello. Returns the (action, worker id) pairs announced."""
+    gone = Q(last_seen_at__lt=timezone.now() - ONLINE_WINDOW) | Q(stopped_at__isnull=False)
+    announced = []
+    for online, which in ((False, gone), (True, ~gone)):
+        for worker in Worker.objects.filter(which, reported_online=not online).select_related("project")[:500]:
+            with transaction.atomic():
+                # Conditional on the flag and the presence: a second runner, or a hello landing
+                # meanwhile, makes this match nothing, so a transition is announced once.
+                if not Worker.objects.filter(which, pk=worker.pk, reported_online=not online).update(
+                        reported_online=online):
+                    continue
+                action = "worker.online" if online else "worker.offline"
+                audit(SYSTEM, action, worker, project=worker.project, after={
+                    "worker_id": worker.worker_id, "hostname": worker.hostname,
+                    "last_seen_at": worker.last_seen_at.isoformat(), "stopped": worker.stopped_at is not None,
+                })
+            announced.append((action, worker.pk))
+    return announced
 
 
 def _int(value, name: str, low: int, high: int) -> int:
