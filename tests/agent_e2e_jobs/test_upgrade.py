@@ -199,7 +199,8 @@ def test_an_upgrade_mid_job_restarts_the_worker_and_the_job_runs_on(e2e, worker_
                    what="the installed worker 0.1.0 to say hello")
         old_pid = int((systemd / f"{unit}.pid").read_text())
 
-        job = e2e.counter_job("upgrade", lines=3000, pause=0.002, gpu_ids=["0"])
+        # 30 s of output: the job must outlast a pip install and a restart even on a busy machine.
+        job = e2e.counter_job("upgrade", lines=3000, pause=0.01, gpu_ids=["0"])
         e2e.wait_log(job, "line 000300", timeout=60)
         upgraded = subprocess.run([cli, "upgrade", "--worker-id", "lab-worker-1", "--package-spec", str(new_wheel)],
                                   env=env, capture_output=True, text=True, timeout=300)
