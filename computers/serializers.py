@@ -8,7 +8,10 @@ from computers.choices import CHECK_ITEM_LABELS, CheckFailure, CheckStatus, Read
 from computers.models import CONNECTION_FIELDS, ComputeTarget, ConnectionCheck, DirectoryRead
 
 PUBLIC_FIELDS = ["id", "name", "kind", "visibility", "enabled"]
-USER_FIELDS = ["cpu_arch", "runtimes", "gpu_ids", "concurrency", "dataset_transfer", "dataset_cache_limit_gib"]
+# ssh_user: who Jobs run as (issue 14, finding 6) — on a Public SSH computer every project's Jobs run as
+# this one account, so the people who use it may know its name. Host, port and key paths stay hidden.
+USER_FIELDS = ["cpu_arch", "runtimes", "gpu_ids", "concurrency", "dataset_transfer", "dataset_cache_limit_gib",
+               "ssh_user"]
 MANAGER_FIELDS = [*CONNECTION_FIELDS, "working_dir", "python_path"]
 
 

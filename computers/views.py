@@ -128,6 +128,8 @@ def _details_context(request, target: ComputeTarget, **extra) -> dict:
         "target": target,
         "manageable": manageable,
         "see_connection": access.can_see_connection(user, target),
+        # Who Jobs run as: the SSH user's name (not the rest of the connection) for people who use it.
+        "see_ssh_user": target.kind == Kind.SSH and bool(target.ssh_user) and access.can_use(user, target),
         "machine": machine_summary(succeeded),
         "public_url": settings.PUBLIC_URL,
         "active_jobs": list(locks.active_jobs(target)[:5]) if manageable else [],
@@ -302,6 +304,8 @@ def _render_connection(request, form: ConnectionForm, *, target=None, check=None
     kind = target.kind if target is not None else (form["kind"].value() or Kind.SSH)
     if target is None:  # Type also offers Site, whose form replaces this one
         form.fields["kind"].choices = [*form.fields["kind"].choices, (Kind.SITE.value, Kind.SITE.label)]
+    action = reverse("computer-connection", args=[target.pk]) if target else reverse("computer-add")
+    _redraw_on_visibility(form, action)
     context = {
         "form": form,
         "target": target,
@@ -311,7 +315,7 @@ def _render_connection(request, form: ConnectionForm, *, target=None, check=None
         "no_worker": not form.workers,
         "check": check_view(check, flow="add"),
         "error": error,
-        "action": reverse("computer-connection", args=[target.pk]) if target else reverse("computer-add"),
+        "action": action,
     }
     refresh = check is not None and check.is_open and not request.htmx
     return _dialog(request, "computers/partials/_add_connection.html", context, title=_("Add computer"),
@@ -463,6 +467,7 @@ def _render_edit(request, target, *, form=None, initial=None, check=None, locked
     jobs = list(locks.active_jobs(target)[:5])
     worker = form.chosen_worker()
     _mark_follow(form)
+    _redraw_on_visibility(form, reverse("computer-edit", args=[target.pk]))
     tab = (initial or {}).get("tab") or request.POST.get("tab") or request.GET.get("tab") or "connection"
     if form.is_bound and form.errors:  # open the tab that shows the first error
         settings_errors = any(name in form.errors for name in SettingsForm.base_fields)
@@ -761,6 +766,14 @@ def _settings_url(target, *, check=None, worker=None) -> str:
     if worker:
         query.append(f"worker={worker}")
     return reverse("computer-settings", args=[target.pk]) + ("?" + "&".join(query) if query else "")
+
+
+def _redraw_on_visibility(form, action: str) -> None:
+    """Choosing Public redraws the form (what was typed stays), so the note on the shared SSH user
+    appears next to Visibility (templates/computers/partials/_connection_fields.html)."""
+    form.fields["visibility"].widget.attrs.update({
+        "hx-post": action, "hx-vals": '{"action": "refresh"}', "hx-trigger": "change",
+        "hx-target": "#dialog-content"})
 
 
 def _mark_follow(form) -> None:

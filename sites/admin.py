@@ -53,8 +53,8 @@ class LauncherKeyInline(admin.TabularInline):
 
 @admin.register(Launcher)
 class LauncherAdmin(ServiceActionMixin, ReadOnlyAdmin):
-    list_display = ["name", "state", "project", "hostname", "version", "last_seen_at", "created_by", "created_at",
-                    "revoked_at"]
+    list_display = ["name", "state", "project", "allowed_hosts", "hostname", "version", "last_seen_at", "created_by",
+                    "created_at", "revoked_at"]
     list_filter = [("revoked_at", admin.EmptyFieldListFilter)]
     search_fields = ["name", "hostname"]
     list_select_related = ["token__project", "created_by"]

@@ -15,7 +15,8 @@ from mado.choices import Scope
 from mado.errors import ServiceError
 from mado.services import Actor
 from sites import known_hosts as kh
-from sites import checks, keys, services, shells
+from sites import allowed_hosts, checks, keys, services, shells
+from sites.choices import SubmissionMethod
 from sites.models import JobShell, SiteSettings
 
 USER_SETTINGS_FIELDS = ["submission", "account", "template", "working_dir", "runner_python", "runner_api_url",
@@ -64,6 +65,9 @@ def site_body(user, target: ComputeTarget) -> dict:
         body.update({name: getattr(site, name) for name in CONNECTION_FIELDS})
         body["launcher"] = {"id": site.launcher.pk, "name": site.launcher.name} if site.launcher_id else None
         body["known_hosts_fingerprints"] = fingerprints(site.known_hosts)
+        if site.submission == SubmissionMethod.AUTOMATIC and site.launcher_id:
+            # False: the launcher's allowed hosts leave out this site's host or a jump host, so it does not log in.
+            body["launcher_may_log_in"] = allowed_hosts.site_allowed(site)
     return body
 
 

@@ -13,6 +13,7 @@ urlpatterns = [
     path("sites/<int:pk>/keys/recreate", api.SiteKeyRecreateView.as_view(), name="api-site-key-recreate"),
     path("sites/<int:pk>/my-settings", api.MySettingsView.as_view(), name="api-site-my-settings"),
     path("launchers", launcher_api.LauncherListView.as_view(), name="api-launchers"),
+    path("launchers/<int:pk>", launcher_api.LauncherDetailView.as_view(), name="api-launcher"),
     path("launchers/<int:pk>/token", launcher_api.LauncherTokenView.as_view(), name="api-launcher-token"),
     path("launchers/<int:pk>/revoke", launcher_api.LauncherRevokeView.as_view(), name="api-launcher-revoke"),
     path("sites/<int:pk>/submit", submit_api.SubmitSummaryView.as_view(), name="api-site-submit"),

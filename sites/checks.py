@@ -19,9 +19,10 @@ from computers.choices import OPEN_CHECK_STATUSES, CheckFailure, CheckStatus, It
 from computers.models import ConnectionCheck
 from mado import access as identity
 from mado.errors import Conflict, Forbidden, ServiceError
+from mado.models import AuditEvent
 from mado.services import SYSTEM, Actor, audit
 from mado.validation import as_int
-from sites import services, shells
+from sites import allowed_hosts, services, shells
 from sites.choices import AccountKind, SubmissionMethod
 from sites.launchers import POLL_INTERVAL_SECONDS
 from sites.models import Launcher, SiteUserSettings
@@ -57,6 +58,8 @@ def request_site_check(actor: Actor, target, *, mine: bool) -> ConnectionCheck:
     if launcher is None or launcher.is_revoked:
         raise Conflict(f"{target.name} has no active launcher to log in with; its owner chooses one.",
                        "launcher_unavailable")
+    if not allowed_hosts.site_allowed(site):
+        raise Conflict(allowed_hosts.site_refusal(site), "launcher_host_not_allowed")
     expire_checks(force=True)
     try:
         with transaction.atomic():
@@ -126,16 +129,20 @@ def complete(launcher: Launcher, check_id: int, data: dict) -> ConnectionCheck:
                 return check
             raise Conflict(f"This check already ended as {check.status}.", "check_already_completed")
         detail = "" if ok else shells.stderr_tail(error or "The login failed without a message.", limit=500)
+        # The check keeps only what its readers can fix; the launcher's own message (closed port, not
+        # SSH, a host key's fingerprint …) goes to the audit log, where global administrators read it.
+        shown = "" if ok else _for_users(check, detail)
         check.status = status
         check.failure_reason = "" if ok else CheckFailure.CHECK_FAILED
         check.result = {"items": [{"key": "connection", "status": ItemStatus.OK if ok else ItemStatus.FAILED,
-                                   "code": "" if ok else "ssh_failed", "detail": detail, "resolution": ""}],
+                                   "code": "" if ok else "ssh_failed", "detail": shown, "resolution": ""}],
                         "account_name": check.account_name, "duration_ms": duration}
         check.finished_at = timezone.now()
         check.save(update_fields=["status", "failure_reason", "result", "finished_at"])
         token_user = launcher.token.user if launcher.token_id else None
         audit(Actor(token_user), "site.check.finish", check.target,
-              after={"check": check.pk, "status": status, "launcher": launcher.name})
+              after={"check": check.pk, "status": status, "launcher": launcher.name,
+                     **({"detail": detail} if detail else {})})
     return check
 
 
@@ -157,16 +164,54 @@ def expire_checks(*, force: bool = False) -> None:
                   after={"check": check.pk, "status": "expired", "failure_reason": reason})
 
 
-def check_body(check: ConnectionCheck) -> dict:
+def _for_users(check: ConnectionCheck, detail: str) -> str:
+    site = services.site_settings_of(check.target)
+    return allowed_hosts.check_failure_for_users(detail, site.host, site.port, check.account_name)
+
+
+def sees_launcher_messages(user) -> bool:
+    """Global administrators read the launcher's own message of a failed check; others what they can fix."""
+    return bool(user is not None and user.is_authenticated and user.is_superuser
+                and not identity.is_job_principal(user) and not identity.is_service_user(user))
+
+
+def launcher_message(check: ConnectionCheck) -> str:
+    """The launcher's own message of a failed check, from the audit log ("" if none)."""
+    rows = (AuditEvent.objects.filter(action="site.check.finish", object_type=check.target._meta.model_name,
+                                      object_id=str(check.target_id), after__check=check.pk)
+            .order_by("-at", "-id").values_list("after", flat=True))
+    for after in rows:
+        if isinstance(after, dict) and after.get("detail"):
+            return str(after["detail"])
+    return ""
+
+
+def failure_detail(user, check: ConnectionCheck, detail: str) -> str:
+    """A failed item's detail as `user` may read it. Checks stored before this rule keep the launcher's
+    message in their result: it is reduced here for everyone but global administrators."""
+    if sees_launcher_messages(user):
+        return launcher_message(check) or detail
+    if not detail or detail.startswith(allowed_hosts.GENERIC_PREFIX):
+        return detail
+    return _for_users(check, detail)
+
+
+def check_body(check: ConnectionCheck, user=None) -> dict:
+    result = check.result
+    if isinstance(result, dict) and isinstance(result.get("items"), list):
+        result = {**result, "items": [
+            {**item, "detail": failure_detail(user, check, str(item.get("detail") or ""))}
+            if isinstance(item, dict) and item.get("status") == ItemStatus.FAILED else item
+            for item in result["items"]]}
     return {"id": check.pk, "computer": check.target_id, "status": check.status,
             "user": check.site_user_id, "account_name": check.account_name,
-            "failure_reason": check.failure_reason or None, "result": check.result,
+            "failure_reason": check.failure_reason or None, "result": result,
             "created_at": check.created_at, "finished_at": check.finished_at}
 
 
 def latest_checks(user, target) -> dict:
     """The last check of the shared account (for its managers) and of the caller's own account."""
-    checks = ConnectionCheck.objects.filter(target=target, launcher__isnull=False)
+    checks = ConnectionCheck.objects.filter(target=target, launcher__isnull=False).select_related("target")
     shared = checks.filter(site_user__isnull=True).first() if access.can_manage(user, target) else None
     own = checks.filter(site_user=user).first() if user.is_authenticated else None
-    return {"shared": check_body(shared) if shared else None, "mine": check_body(own) if own else None}
+    return {"shared": check_body(shared, user) if shared else None, "mine": check_body(own, user) if own else None}

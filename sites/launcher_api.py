@@ -31,7 +31,10 @@ def launcher_body(launcher: Launcher) -> dict:
         "created_at": launcher.created_at, "last_used_at": launchers.last_used(launcher),
         "revoked_at": launcher.revoked_at, "hostname": launcher.hostname, "version": launcher.version,
         "token_prefix": token.prefix if token else None,
+        "allowed_hosts": list(launcher.allowed_hosts or []),
         "sites": list(launcher.sites.values_list("target_id", flat=True).order_by("target_id")),
+        # Sites that name a host outside allowed_hosts: the launcher does not log in to them.
+        "sites_outside_allowed_hosts": [site.target_id for site in launchers.outside_allowed_hosts(launcher)],
     }
 
 
@@ -45,7 +48,7 @@ def _with_token(launcher: Launcher, plaintext: str, status: int = 200) -> Respon
 class GlobalAdminView(APIView):
     """Launcher management: global administrators only (a session, or a token with `admin`)."""
 
-    required_scopes = {"GET": Scope.READ, "POST": Scope.ADMIN}
+    required_scopes = {"GET": Scope.READ, "POST": Scope.ADMIN, "PATCH": Scope.ADMIN}
 
     def initial(self, request, *args, **kwargs):
         super().initial(request, *args, **kwargs)
@@ -69,8 +72,31 @@ class LauncherListView(GlobalAdminView):
         if project is None:
             raise ServiceError("Give the identifier of an existing project for the launcher's token.",
                                "invalid_project", fields={"project": ["Unknown project."]})
-        launcher, plaintext = launchers.register_launcher(Actor.from_request(request), data.get("name"), project)
+        launcher, plaintext = launchers.register_launcher(Actor.from_request(request), data.get("name"), project,
+                                                          data.get("allowed_hosts"))
         return _with_token(launcher, plaintext, status=201)
+
+
+class LauncherDetailView(GlobalAdminView):
+    @extend_schema(operation_id="launchers_retrieve", responses=OpenApiTypes.OBJECT)
+    def get(self, request, pk):
+        return Response(launcher_body(self.launcher(pk)))
+
+    @extend_schema(operation_id="launchers_update", request=OpenApiTypes.OBJECT, responses=OpenApiTypes.OBJECT)
+    def patch(self, request, pk):
+        """Change the hosts the launcher may log in to: `{"allowed_hosts": ["*.hpc.example.ac.jp", …]}`."""
+        data = json_object(request)
+        unknown = sorted(set(data) - {"allowed_hosts"})
+        if unknown:
+            raise ServiceError(f"Only allowed_hosts changes here; not {', '.join(unknown)}.", "read_only_fields",
+                               fields={name: ["Read only."] for name in unknown})
+        launcher = self.launcher(pk)
+        if "allowed_hosts" in data:
+            if not isinstance(data["allowed_hosts"], list):
+                raise ServiceError("Give allowed_hosts as a list of host name patterns.", "invalid_allowed_hosts",
+                                   fields={"allowed_hosts": ["A list of patterns."]})
+            launchers.set_allowed_hosts(Actor.from_request(request), launcher, data["allowed_hosts"])
+        return Response(launcher_body(self.launcher(pk)))
 
 
 class LauncherTokenView(GlobalAdminView):

@@ -17,6 +17,7 @@ from mado.errors import Conflict, Forbidden, ServiceError
 from mado.models import ApiToken, Project
 from mado.services import Actor, audit, issue_token
 from mado.validation import NAME_PATTERN
+from sites import allowed_hosts as host_policy
 from sites.choices import AccountKind, SubmissionMethod
 from sites.models import Launcher, SiteSettings, SiteUserSettings
 
@@ -55,9 +56,11 @@ def last_used(launcher: Launcher):
     return max(seen) if seen else None
 
 
-def register_launcher(actor: Actor, name: str, project: Project) -> tuple[Launcher, str]:
-    """Create the launcher, its holder and its token; the plaintext token is returned once."""
+def register_launcher(actor: Actor, name: str, project: Project, allowed_hosts=None) -> tuple[Launcher, str]:
+    """Create the launcher, its holder and its token; the plaintext token is returned once. Without
+    `allowed_hosts` it may log in nowhere until a global administrator sets them."""
     require_global_admin(actor)
+    patterns = host_policy.parse(allowed_hosts)
     name = (name or "").strip() if isinstance(name, str) else ""
     if not NAME_PATTERN.match(name):
         raise ServiceError("Use 1–64 letters, digits, '.', '_' or '-' for the name, starting with a letter or digit.",
@@ -74,10 +77,11 @@ def register_launcher(actor: Actor, name: str, project: Project) -> tuple[Launch
             holder = User(username=f"{HOLDER_PREFIX}{uuid.uuid4().hex[:24]}", first_name=name[:150])
             holder.set_unusable_password()
             holder.save()
-            launcher = Launcher.objects.create(name=name, created_by=actor.user)
+            launcher = Launcher.objects.create(name=name, created_by=actor.user, allowed_hosts=patterns)
             token, plaintext = _issue(actor, launcher, holder, project)
             audit(actor, "launcher.create", launcher, project=project,
-                  after={"name": name, "project": project.slug, "token_prefix": token.prefix})
+                  after={"name": name, "project": project.slug, "token_prefix": token.prefix,
+                         "allowed_hosts": patterns})
     except IntegrityError:
         raise taken from None  # registered by someone else at the same moment
     return launcher, plaintext
@@ -100,6 +104,36 @@ def recreate_token(actor: Actor, launcher: Launcher) -> tuple[Launcher, str]:
         audit(actor, "launcher.token.recreate", launcher, project=old.project,
               before={"token_prefix": old.prefix}, after={"token_prefix": token.prefix})
     return launcher, plaintext
+
+
+def set_allowed_hosts(actor: Actor, launcher: Launcher, raw) -> Launcher:
+    """Replace the hosts the launcher may log in to (global administrators). Sites that name a host
+    outside the new list stay as they are but the launcher no longer gets them in its config, so it
+    neither submits to nor checks them until their owners choose an allowed host (or the list allows
+    theirs again)."""
+    require_global_admin(actor)
+    patterns = host_policy.parse(raw)
+    with transaction.atomic():
+        launcher = Launcher.objects.select_for_update().get(pk=launcher.pk)
+        before = list(launcher.allowed_hosts or [])
+        if before == patterns:
+            return launcher
+        launcher.allowed_hosts = patterns
+        launcher.save(update_fields=["allowed_hosts"])
+        audit(actor, "launcher.allowed_hosts.update", launcher, project=project_of(launcher),
+              before={"allowed_hosts": before}, after={"allowed_hosts": patterns})
+    from sites.submissions import SITES_CHANNEL
+    from workers.longpoll import notify
+
+    notify(SITES_CHANNEL)
+    return launcher
+
+
+def outside_allowed_hosts(launcher: Launcher):
+    """The automatic sites of this launcher that name a host it may no longer log in to."""
+    sites = (SiteSettings.objects.filter(launcher=launcher, submission=SubmissionMethod.AUTOMATIC)
+             .select_related("target", "launcher").order_by("target_id"))
+    return [site for site in sites if not host_policy.site_allowed(site)]
 
 
 def revoke(actor: Actor, launcher: Launcher) -> Launcher:
@@ -169,11 +203,12 @@ def _config(launcher: Launcher) -> dict:
     submissions.expire_overdue()
     checks.expire_checks()
     sites = (SiteSettings.objects.filter(launcher=launcher, submission=SubmissionMethod.AUTOMATIC)
-             .select_related("target").order_by("target_id"))
+             .select_related("target", "launcher").order_by("target_id"))
     return {
         "launcher": {"id": launcher.pk, "name": launcher.name},
         "poll_interval_seconds": POLL_INTERVAL_SECONDS,
-        "sites": [_site_config(launcher, site) for site in sites],
+        # Only sites whose login node and jump hosts the launcher may log in to: it logs in nowhere else.
+        "sites": [_site_config(launcher, site) for site in sites if host_policy.site_allowed(site)],
         "checks": checks.open_for(launcher),
         "cancellations": submissions.cancellations(launcher),
     }

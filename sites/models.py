@@ -35,6 +35,12 @@ class Launcher(models.Model):
     last_seen_at = models.DateTimeField(null=True, blank=True)
     hostname = models.CharField(max_length=255, blank=True)
     version = models.CharField(max_length=64, blank=True)
+    # Where this launcher may log in (sites' destinations and jump hosts): fnmatch-style patterns
+    # matched case-insensitively against the host as written, set by global administrators. Empty: nowhere.
+    allowed_hosts = models.JSONField(
+        _("Allowed hosts"), default=list, blank=True,
+        help_text=_("Host name patterns such as *.hpc.example.ac.jp or login[1-4].example.org; sites of this "
+                    "launcher may name only matching hosts and jump hosts. Empty: nowhere."))
 
     class Meta:
         ordering = ["name"]

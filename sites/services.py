@@ -17,6 +17,7 @@ from mado import access as identity
 from mado.errors import Conflict, Forbidden, ServiceError
 from mado.services import Actor, audit
 from mado.validation import BIGINT_MAX, as_int
+from sites import allowed_hosts
 from sites import known_hosts as kh
 from sites import shells
 from sites.choices import (
@@ -53,6 +54,8 @@ EDITABLE_FIELDS = TARGET_FIELDS + SETTINGS_FIELDS
 # What queued or running Jobs depend on: unchanged while they exist (409), as for other computers.
 LOCKED_FIELDS = ["submission", "account", "launcher", "host", "port", "ssh_user", "jump_hosts", "known_hosts",
                  "working_dir", "runtimes"]
+# Where the launcher logs in: checked against its allowed hosts on create and whenever one changes.
+DESTINATION_FIELDS = ["submission", "launcher", "host", "jump_hosts"]
 
 
 # Sites ------------------------------------------------------------------------------------------
@@ -78,6 +81,7 @@ def create_site(actor: Actor, data: dict) -> ComputeTarget:
     errors: dict[str, list[str]] = {}
     content, template = _initial_job_shell(data, errors)
     target_values, settings_values = _clean({**data, "template": template}, errors, current=None)
+    _check_destination(settings_values, errors)
     if errors:
         raise _invalid(errors)
     with transaction.atomic():
@@ -109,6 +113,8 @@ def update_site(actor: Actor, target: ComputeTarget, changes: dict) -> ComputeTa
         current = {**{f: getattr(target, f) for f in TARGET_FIELDS}, **_settings_dict(site)}
         errors: dict[str, list[str]] = {}
         target_values, settings_values = _clean({**current, **changes}, errors, current=target)
+        if any(settings_values[name] != current[name] for name in DESTINATION_FIELDS):
+            _check_destination(settings_values, errors)
         if errors:
             raise _invalid(errors)
         merged = {**target_values, **settings_values}
@@ -415,6 +421,16 @@ def _clean(data: dict, errors: dict, *, current: ComputeTarget | None) -> tuple[
         data.get("queue_timeout_seconds", DEFAULT_QUEUE_TIMEOUT), MIN_QUEUE_TIMEOUT, MAX_QUEUE_TIMEOUT,
         "queue_timeout_seconds", errors, "The queue timeout must be between 60 seconds and 30 days.")
     return target, site
+
+
+def _check_destination(values: dict, errors: dict) -> None:
+    """An automatic site may name as its login node and jump hosts only hosts its launcher may log in
+    to (sites.allowed_hosts); fields already refused for another reason are left as they are."""
+    if values.get("submission") != SubmissionMethod.AUTOMATIC or "launcher" in errors:
+        return
+    refusals = allowed_hosts.site_errors(values.get("launcher"), values.get("host", ""), values.get("jump_hosts"))
+    for name, messages in refusals.items():
+        errors.setdefault(name, messages)
 
 
 def _default_runtimes(template) -> list[str]:

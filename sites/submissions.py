@@ -24,10 +24,12 @@ from jobs.models import Job, JobReplica
 from jobs.serializers import worker_job_payload
 from mado import access as identity
 from mado import services as identity_services
+from mado.choices import ROLE_RANK, SCOPE_MIN_ROLE, Role, Scope
 from mado.errors import Conflict, Forbidden, ServiceError
+from mado.models import Membership
 from mado.services import SYSTEM, Actor, audit
 from mado.validation import BIGINT_MAX, as_int
-from sites import services, shells
+from sites import allowed_hosts, services, shells
 from sites.choices import DEFAULT_WALLTIME_SECONDS, SUBMIT_REPORT_TIMEOUT, SubmissionMethod, SubmissionStatus
 from sites.models import CancelState, Launcher, SiteSettings, SiteUserSettings, Submission
 from workers.longpoll import notify
@@ -96,6 +98,8 @@ def launcher_claim(launcher: Launcher, computer, limit=None) -> list[dict]:
         if site is None:
             raise ServiceError("This launcher serves no automatic site with this computer id; read the sites "
                                "of its config.", "not_found", status=404)
+        if not allowed_hosts.site_allowed(site):
+            raise Conflict(allowed_hosts.site_refusal(site), "launcher_host_not_allowed")
         batches = _adopt(launcher, site, limit)
         room = min(limit - sum(len(b.rows) for b in batches), free_slots(site))
         if site.target.enabled and room > 0:
@@ -106,7 +110,8 @@ def launcher_claim(launcher: Launcher, computer, limit=None) -> list[dict]:
 
 def manual_claim(actor: Actor, target, project, data: dict) -> list[dict]:
     """`mado-tracking submit`: the caller's `waiting_manual` Jobs in the token's project, or with
-    `all` everyone's (the computer's owner only)."""
+    `all` everyone's (the computer's owner only). `project` None (a browser session, no token): the
+    projects where the caller may write Jobs now (see `in_callers_projects`)."""
     user = actor.user
     site = _manual_site(user, target)
     everyone = _flag(data.get("all"), "all")
@@ -120,9 +125,7 @@ def manual_claim(actor: Actor, target, project, data: dict) -> list[dict]:
     variables = shells.parse_variables(data.get("variables") or {})
     with transaction.atomic():
         site = SiteSettings.objects.select_for_update(of=("self",)).select_related("target").get(pk=site.pk)
-        jobs = waiting(site, JobStatus.WAITING_MANUAL)
-        if project is not None:
-            jobs = jobs.filter(project=project)
+        jobs = in_callers_projects(waiting(site, JobStatus.WAITING_MANUAL), user, project)
         if not everyone:
             jobs = jobs.filter(created_by=user)
         room = min(limit, free_slots(site))
@@ -134,15 +137,28 @@ def manual_claim(actor: Actor, target, project, data: dict) -> list[dict]:
 def manual_summary(user, target, project, *, everyone: bool) -> dict:
     """What `mado-tracking submit --dry-run` shows."""
     site = _manual_site(user, target)
-    jobs = waiting(site, JobStatus.WAITING_MANUAL)
-    if project is not None:
-        jobs = jobs.filter(project=project)
+    jobs = in_callers_projects(waiting(site, JobStatus.WAITING_MANUAL), user, project)
     can_all = target.owner_id == user.pk
     shell = services.current_job_shell(target)
     return {"computer": target.pk, "name": target.name, "waiting": jobs.filter(created_by=user).count(),
             "waiting_all": jobs.count() if can_all and everyone else None,
             "job_shell_version": shell.version if shell else None, "working_dir": site.working_dir,
             "variables": site.variables, "can_all": can_all}
+
+
+def in_callers_projects(jobs, user, project):
+    """The Jobs a manual claim may take: those of the token's project (write tokens are issued per
+    project), or, for a browser session (`project` None), those of the projects where the caller's
+    current role may write Jobs (member or admin; global administrators are admins everywhere). Being
+    the site's owner is never enough to receive another project's Jobs, their scripts and job tokens."""
+    if project is not None:
+        return jobs.filter(project=project)
+    if user.is_superuser:
+        return jobs
+    minimum = ROLE_RANK[Role(SCOPE_MIN_ROLE[Scope.JOBS_WRITE])]
+    roles = [role.value for role, rank in ROLE_RANK.items() if rank >= minimum]
+    writable = Membership.objects.filter(user=user, role__in=roles).values("project_id")
+    return jobs.filter(project_id__in=writable)
 
 
 def _manual_site(user, target) -> SiteSettings:

@@ -34,7 +34,8 @@ class SubmitView(APIView):
                                               "token.", code="job_token_forbidden")
 
     def project(self):
-        """Jobs of the token's project only: write tokens are issued per project."""
+        """Jobs of the token's project only: write tokens are issued per project. None for a browser
+        session: sites.submissions then takes the projects where the caller may write Jobs now."""
         return self.request.auth.project if self.request.auth is not None else None
 
 

@@ -8,6 +8,8 @@ urlpatterns = [
     path("admin-tools/launchers/", views.launcher_list, name="launchers"),
     path("admin-tools/launchers/new", views.launcher_create, name="launcher-create"),
     path("admin-tools/launchers/<int:launcher_id>/token", views.launcher_token, name="launcher-token"),
+    path("admin-tools/launchers/<int:launcher_id>/allowed-hosts", views.launcher_allowed_hosts,
+         name="launcher-allowed-hosts"),
     path("admin-tools/launchers/<int:launcher_id>/revoke", views.launcher_revoke, name="launcher-revoke"),
     path("settings/computers/known-hosts-fingerprints", views.known_hosts_fingerprints,
          name="site-known-hosts-fingerprints"),

@@ -29,6 +29,7 @@ from mado.errors import ServiceError
 from mado.forms import add_service_error
 from mado.models import Project
 from mado.services import Actor
+from sites import allowed_hosts
 from sites import known_hosts as kh
 from sites import checks as site_checks
 from sites import keys as site_keys
@@ -56,6 +57,16 @@ class LauncherForm(forms.Form):
     project = forms.ModelChoiceField(label=_("Project"), queryset=Project.objects.order_by("slug"),
                                      to_field_name="slug",
                                      help_text=_("The project the launcher's token belongs to."))
+    allowed_hosts = forms.CharField(
+        label=_("Allowed hosts"), required=False,
+        widget=forms.Textarea(attrs={"rows": 4, "spellcheck": "false", "autocomplete": "off", "class": "mono"}),
+        help_text=_("The hosts this launcher may log in to, one pattern per line, such as *.hpc.example.ac.jp or "
+                    "login[1-4].example.org (* and ? match any characters, [1-4] one of them; upper and lower "
+                    "case are the same). Sites may name only matching hosts and jump hosts. Empty: nowhere."))
+
+
+class AllowedHostsForm(forms.Form):
+    allowed_hosts = LauncherForm.base_fields["allowed_hosts"]
 
 
 def _require_superuser(request) -> None:
@@ -68,7 +79,8 @@ def _rows():
     for launcher in Launcher.objects.select_related("token__project", "created_by"):
         project = launchers.project_of(launcher)
         rows.append({"launcher": launcher, "project": project, "state": launchers.state_of(launcher),
-                     "last_used": launchers.last_used(launcher)})
+                     "last_used": launchers.last_used(launcher),
+                     "outside": [site.target for site in launchers.outside_allowed_hosts(launcher)]})
     return rows
 
 
@@ -89,7 +101,8 @@ def launcher_create(request):
     if request.method == "POST" and form.is_valid():
         try:
             launcher, plaintext = launchers.register_launcher(Actor.from_request(request), form.cleaned_data["name"],
-                                                              form.cleaned_data["project"])
+                                                              form.cleaned_data["project"],
+                                                              form.cleaned_data["allowed_hosts"])
         except ServiceError as error:
             add_service_error(form, error)
         else:
@@ -111,6 +124,26 @@ def launcher_token(request, launcher_id):
         else:
             return _token_shown_once(request, launcher, plaintext)
     return dialog(request, "sites/partials/_launcher_recreate.html", context, back=reverse("launchers"), page=PAGE)
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def launcher_allowed_hosts(request, launcher_id):
+    """Allowed hosts: the host name patterns the launcher may log in to (global administrators)."""
+    _require_superuser(request)
+    launcher = get_object_or_404(Launcher, pk=launcher_id)
+    form = AllowedHostsForm(request.POST or None, initial={"allowed_hosts": "\n".join(launcher.allowed_hosts or [])})
+    if request.method == "POST" and form.is_valid():
+        try:
+            launchers.set_allowed_hosts(Actor.from_request(request), launcher, form.cleaned_data["allowed_hosts"])
+        except ServiceError as error:
+            add_service_error(form, error)
+        else:
+            return dialog_done(request, "launchersChanged", reverse("launchers"))
+    context = {"launcher": launcher, "form": form, "action": reverse("launcher-allowed-hosts", args=[launcher.pk]),
+               "outside": [site.target for site in launchers.outside_allowed_hosts(launcher)]}
+    return dialog(request, "sites/partials/_launcher_allowed_hosts.html", context, back=reverse("launchers"),
+                  page=PAGE)
 
 
 @login_required
@@ -294,6 +327,8 @@ def site_details_context(request, target, **extra) -> dict:
         "my_key": _key(target, site, user) if mine is not None and site.uses_personal_accounts else None,
         "manual": _manual_context(request, target) if not automatic else None,
         "checks": site_checks_context(request, target, site, manageable=manageable, mine=mine),
+        # The launcher's allowed hosts no longer include this site's host or a jump host (managers).
+        "host_refusal": allowed_hosts.site_refusal(site) if manageable and automatic and site.launcher_id else "",
     }
     context.update(extra)
     return context
@@ -339,7 +374,8 @@ def site_checks_context(request, target, site, *, manageable: bool, mine) -> dic
     if not (shared or own):
         return None
     return {"mine": own and not shared,
-            "latest": check_view(_latest_check(target, request.user if own and not shared else None)), "error": ""}
+            "latest": check_view(_latest_check(target, request.user if own and not shared else None), request.user),
+            "error": ""}
 
 
 def _latest_check(target, user):
@@ -360,12 +396,14 @@ CHECK_FAILURES = {
 }
 
 
-def check_view(check) -> dict | None:
-    """A site check in words: its state, and why it failed (the login's error, or no launcher answer)."""
+def check_view(check, user=None) -> dict | None:
+    """A site check in words: its state, and why it failed (the login's error, or no launcher answer).
+    Global administrators read the launcher's own message; others only what they can fix."""
     if check is None:
         return None
     result = check.result if isinstance(check.result, dict) else {}
-    failed = [item.get("detail") for item in result.get("items", [])
+    failed = [site_checks.failure_detail(user, check, str(item.get("detail")))
+              for item in result.get("items", [])
               if isinstance(item, dict) and item.get("status") == "failed" and item.get("detail")]
     error = " ".join(failed) or str(CHECK_FAILURES.get(check.failure_reason, ""))
     return {"obj": check, "id": check.pk, "open": check.is_open, "status": check.status,
@@ -378,6 +416,8 @@ def check_view(check) -> dict | None:
 def site_check_request(request, pk):
     """Check connection: the launcher logs in with the key and account (shared, or the caller's own)."""
     target = computer_access.detail_for(request.user, pk)
+    if target.kind != Kind.SITE:
+        raise Http404("This computer is not a site.")
     site = services.site_settings_of(target)
     mine = request.POST.get("mine") == "1"
     error = ""
@@ -389,7 +429,7 @@ def site_check_request(request, pk):
         if error:
             messages.error(request, error)
         return redirect(reverse("computer-detail", args=[target.pk]) + "#site-check")
-    panel = {"mine": mine, "latest": check_view(_latest_check(target, request.user if mine else None)),
+    panel = {"mine": mine, "latest": check_view(_latest_check(target, request.user if mine else None), request.user),
              "error": error}
     return render(request, "sites/partials/_site_check.html", {"target": target, "site": site, "checks": panel})
 
@@ -414,6 +454,8 @@ def site_key_recreate(request, pk):
 def site_check_status(request, pk, check_id):
     """The check's progress, polled every second; 286 once it ended."""
     target = computer_access.detail_for(request.user, pk)
+    if target.kind != Kind.SITE:
+        raise Http404("This computer is not a site.")
     site = services.site_settings_of(target)
     check = get_object_or_404(ConnectionCheck, pk=check_id, target=target)
     mine = check.site_user_id is not None
@@ -423,7 +465,7 @@ def site_check_status(request, pk, check_id):
     if site_checks is not None:
         site_checks.expire_checks()
         check.refresh_from_db()
-    panel = {"mine": mine, "latest": check_view(check), "error": ""}
+    panel = {"mine": mine, "latest": check_view(check, request.user), "error": ""}
     content = render_to_string("sites/partials/_site_check.html", {"target": target, "site": site, "checks": panel},
                                request=request)
     return HttpResponse(content) if check.is_open else HttpResponseStopPolling(content)

@@ -180,7 +180,8 @@ def test_disabling_a_site_goes_through_the_sites_service_as_the_computers_page_d
     key = tmp_path / "host"
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "", "-f", str(key)], check=True)
     kind, blob = (tmp_path / "host.pub").read_text().split()[:2]
-    launcher = Launcher.objects.create(name="hpc-launcher", created_by=world.global_admin)
+    launcher = Launcher.objects.create(name="hpc-launcher", created_by=world.global_admin,
+                                       allowed_hosts=["*.hpc.example.org"])
     site = site_services.create_site(Actor(world.global_admin), {
         "name": "hpc-cluster", "submission": "automatic", "account": "shared", "launcher": launcher.pk,
         "host": "login.hpc.example.org", "port": 22, "ssh_user": "mmtshared", "jump_hosts": [],

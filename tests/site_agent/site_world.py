@@ -49,7 +49,8 @@ def server(transactional_db, live_server, world, monkeypatch):
 
 @pytest.fixture
 def registered(world):
-    return launchers.register_launcher(Actor(world.global_admin), "hpc-a", world.project)
+    # The sites of these tests log in to the sshd on this host (sites.allowed_hosts).
+    return launchers.register_launcher(Actor(world.global_admin), "hpc-a", world.project, ["127.0.0.1"])
 
 
 def make_site(world, launcher, sshd, work_dir, api_url, *, job_shell=FAKE_SCHEDULER, **overrides):

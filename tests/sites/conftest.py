@@ -15,6 +15,8 @@ from sites.models import Launcher
 
 LOGIN_HOST = "login.hpc.example.org"
 JUMP_HOST = "gw.hpc.example.org"
+# The hosts the tests' launchers may log in to (sites.allowed_hosts): a new launcher logs in nowhere.
+TEST_ALLOWED_HOSTS = ["*.example.org", "10.0.0.*", "127.0.0.1", "h.example"]
 
 
 @dataclass
@@ -51,7 +53,8 @@ def host_keys(tmp_path_factory) -> HostKeys:
 
 @pytest.fixture
 def launcher(world) -> Launcher:
-    return Launcher.objects.create(name="hpc-launcher", created_by=world.global_admin)
+    return Launcher.objects.create(name="hpc-launcher", created_by=world.global_admin,
+                                   allowed_hosts=TEST_ALLOWED_HOSTS)
 
 
 @pytest.fixture

@@ -11,13 +11,14 @@ from mado.services import Actor
 from sites import launchers, services, submissions
 from sites.models import Launcher
 from tests.conftest import bearer
-from tests.sites.conftest import LOGIN_HOST
+from tests.sites.conftest import LOGIN_HOST, TEST_ALLOWED_HOSTS
 
 
 @pytest.fixture
 def registered(world):
     """(launcher, its API client): registered by the global administrator, token in hand."""
-    launcher, token = launchers.register_launcher(Actor(world.global_admin), "hpc-a", world.project)
+    launcher, token = launchers.register_launcher(Actor(world.global_admin), "hpc-a", world.project,
+                                                  TEST_ALLOWED_HOSTS)
     return launcher, bearer(token)
 
 

@@ -13,6 +13,7 @@ from mado.services import Actor
 from sites import launchers
 from sites.models import Launcher
 from tests.conftest import ALL_MEMBER_SCOPES, assert_error, bearer
+from tests.sites.conftest import TEST_ALLOWED_HOSTS
 
 pytestmark = pytest.mark.django_db
 
@@ -27,7 +28,7 @@ def root(world):
 @pytest.fixture
 def registered(world):
     """A launcher registered through the service, with its plaintext token."""
-    return launchers.register_launcher(Actor(world.global_admin), "hpc-a", world.project)
+    return launchers.register_launcher(Actor(world.global_admin), "hpc-a", world.project, TEST_ALLOWED_HOSTS)
 
 
 def _others(world) -> dict[str, object]:

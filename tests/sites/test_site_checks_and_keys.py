@@ -113,8 +113,13 @@ def test_the_shared_account_check_goes_to_the_launcher_and_its_answer_comes_back
     assert lclient.post(url, answer, format="json").status_code == 200, "resent"
     assert_error(lclient.post(url, {"ok": True}, format="json"), 409, "check_already_completed")
     stored = ConnectionCheck.objects.get(pk=check.pk)
-    assert stored.result["items"][0]["detail"] == "Permission denied (publickey)." and stored.failure_reason
-    assert checks.latest_checks(world.project_admin, site)["shared"]["status"] == "failed"
+    # The owner reads what to fix; the launcher's own words go to the audit and global administrators.
+    assert stored.result["items"][0]["detail"].startswith("Could not log in to login.hpc.example.org:22 as mmtshared")
+    assert stored.failure_reason
+    owners = checks.latest_checks(world.project_admin, site)["shared"]
+    assert owners["status"] == "failed" and "Permission denied" not in str(owners)
+    roots = checks.latest_checks(world.global_admin, site)["shared"]
+    assert roots["result"]["items"][0]["detail"] == "Permission denied (publickey)."
     assert lclient.get("/api/launcher/config").json()["checks"] == []
 
 
