@@ -96,7 +96,6 @@ class CheckDetailView(APIView):
     @extend_schema(responses=OpenApiTypes.OBJECT)
     def get(self, request, pk, check_id):
         target = access.managed_for(request.user, pk)
-        services.expire_stale(force=True)
         check = get_object_or_404(ConnectionCheck.objects.select_related("requested_worker", "claimed_by"),
                                   pk=check_id, target=target)
         return Response(check_body(check))
@@ -124,6 +123,5 @@ class ReadDetailView(APIView):
         if not access.can_choose_worker(request.user):
             raise exceptions.PermissionDenied("Only global administrators can read directories through a worker.")
         target = access.managed_for(request.user, pk)
-        services.expire_stale(force=True)
         read = get_object_or_404(DirectoryRead.objects.select_related("requested_worker"), pk=read_id, target=target)
         return Response(read_body(read))

@@ -503,7 +503,6 @@ def _render_edit(request, target, *, form=None, initial=None, check=None, locked
 @require_http_methods(["GET", "POST"])
 def computer_check_status(request, pk, check_id):
     target = access.managed_for(request.user, pk)
-    services.expire_stale(force=True)
     check = get_object_or_404(ConnectionCheck.objects.select_related("requested_worker", "claimed_by"),
                               pk=check_id, target=target)
     flow = request.GET.get("flow", "details")

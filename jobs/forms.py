@@ -14,6 +14,7 @@ from computers import access as computer_access
 from computers.choices import Kind, Runtime
 from computers.models import ComputeGroup, ComputeTarget
 from datasets import services as dataset_services
+from jobs import hooks
 from jobs.choices import MAX_CLUSTER_SIZE, ClusterMode
 from jobs.services import CONTAINER_RUNTIMES, MAX_SITE_GPUS
 from mado.forms import add_service_error as shared_add_service_error
@@ -92,6 +93,10 @@ class JobForm(forms.Form):
                                                       "many GPUs of its own, picked when the Job starts."))
     compute_group = OpenChoiceField(label=_("Compute group"), required=False,
                                     help_text=_("Where a multi-node cluster Job runs."))
+    # Read by an app above jobs through jobs.hooks (notifications); shown only when one is installed.
+    notify_me = forms.BooleanField(label=_("Notify me when it ends"), required=False,
+                                   help_text=_("An e-mail to the address of your account when this Job finishes "
+                                               "or fails."))
 
     def __init__(self, data=None, *, user, project=None, initial=None):
         super().__init__(data, initial=initial)
@@ -111,6 +116,8 @@ class JobForm(forms.Form):
             # A multi-node Job has no computer: any runtime; its group must have a computer for it.
             self.fields["runtime"].choices = Runtime.choices
         self.fields["compute_group"].choices = [("", "—")] + [(str(g.pk), g.name) for g in ComputeGroup.objects.all()]
+        if not hooks.offers("notify_me"):
+            del self.fields["notify_me"]
 
     @property
     def has_groups(self) -> bool:
@@ -179,6 +186,8 @@ class JobForm(forms.Form):
                   "image": data["image"], "command": data["command"], "requirements": data["requirements"],
                   "parameters": data["parameters"], "gpu_ids": list(data["gpu_ids"]),
                   "walltime_seconds": data["walltime"], "input_datasets": list(data.get("input_datasets") or [])}
+        if "notify_me" in self.fields:
+            values["notify_me"] = bool(data.get("notify_me"))
         if data.get("gpu_count") is not None and self.offers_gpu_count:
             values["gpu_count"] = data["gpu_count"]
         size = data.get("cluster_size") or 1

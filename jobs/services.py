@@ -22,7 +22,7 @@ from computers import access as computer_access
 from computers.choices import Runtime
 from computers.models import ComputeGroup, ComputeTarget
 from datasets import services as dataset_services
-from jobs import access, cluster, outputs
+from jobs import access, cluster, hooks, outputs
 from jobs.choices import (
     HELD_STATUSES,
     MAIN_REPLICA,
@@ -86,6 +86,7 @@ def create_job(actor: Actor, project, data: dict) -> Job:
         audit(actor, "job.create", job, project=project,
               after={"computer": job.target.name, "runtime": job.runtime, "gpu_ids": job.gpu_ids,
                      **_cluster_audit(job)})
+        hooks.run_after_create(actor, job, data)  # e.g. notify_me (jobs.hooks); refusing rolls the Job back
     notify(JOBS_CHANNEL)
     if job.target.kind == "site":
         from sites.submissions import SITES_CHANNEL

@@ -8,7 +8,7 @@ class NotificationRuleAdmin(admin.ModelAdmin):
     list_display = ["name", "project", "channel", "enabled", "created_by", "created_at"]
     list_filter = ["channel", "enabled", "project"]
     exclude = ["secret"]  # never shown again after creation
-    readonly_fields = ["project", "created_by", "created_at"]
+    readonly_fields = ["project", "job", "created_by", "created_at"]
 
 
 @admin.register(Delivery)

@@ -10,9 +10,12 @@ class NotificationsConfig(AppConfig):
         # and registers its delivery loop with the periodic runner.
         from django.db.models.signals import post_save
 
+        from jobs import hooks
         from mado import periodic
         from mado.models import AuditEvent
-        from notifications import delivery, events
+        from notifications import delivery, events, services
 
         post_save.connect(events.on_audit_event, sender=AuditEvent, dispatch_uid="notifications.on_audit_event")
         periodic.register("notifications.deliver", lambda: delivery.deliver_due(wait=False), every_seconds=1)
+        # "Notify me when it ends" on the Create job form and `notify_me` in POST /api/projects/{p}/jobs.
+        hooks.register_after_create("notifications.notify_me", services.after_job_created, options=("notify_me",))

@@ -118,5 +118,8 @@ def matching_rules(event: str, subject: dict):
         rules = rules.filter(Q(computer__isnull=True) | Q(computer_id__in=computers))
     if event in JOB_EVENTS:
         rules = rules.filter(Q(only_my_jobs=False) | Q(created_by_id=subject["creator_id"]))
+        rules = rules.filter(Q(job__isnull=True) | Q(job_id=subject["job"]["id"]))
+    else:
+        rules = rules.filter(job__isnull=True)
     # Events are a short JSON list; filtered here because SQLite (the demo) has no JSON containment.
     return [rule for rule in rules.order_by("id") if event in (rule.events or [])]

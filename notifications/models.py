@@ -18,6 +18,9 @@ class NotificationRule(models.Model):
     computer = models.ForeignKey("computers.ComputeTarget", on_delete=models.CASCADE, null=True, blank=True,
                                  related_name="+", help_text=_("Only events of this computer; empty means all."))
     only_my_jobs = models.BooleanField(default=False, help_text=_("Job events only for jobs its creator created."))
+    # "Notify me when it ends" on the Create job form (services.subscribe_to_job): a rule about this one
+    # Job only, gone with it. Empty: every job of the project (within the other filters).
+    job = models.ForeignKey("jobs.Job", on_delete=models.CASCADE, null=True, blank=True, related_name="+")
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+")
     channel = models.CharField(max_length=16, choices=Channel.choices)
     email_to = models.TextField(blank=True)  # comma-separated addresses

@@ -10,7 +10,8 @@ from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.core.validators import validate_email
 from django.db import transaction
-from django.utils import timezone
+from django.utils import timezone, translation
+from django.utils.translation import gettext
 
 from mado import access as identity
 from mado.choices import Role
@@ -66,6 +67,39 @@ def create_rule(actor: Actor, project, *, name: str, events: list[str], channel:
             secret=secret, language=language)
         audit(actor, "notification_rule.create", rule, project=project, after=_snapshot(rule))
     return rule, secret
+
+
+def after_job_created(actor: Actor, job, options: dict) -> None:
+    """jobs.hooks callback, inside create_job's transaction: `notify_me: true` subscribes the creator."""
+    notify_me = options.get("notify_me", False)
+    if not isinstance(notify_me, bool):
+        raise ServiceError("notify_me is true (mail me when this Job ends) or false.", "invalid",
+                           fields={"notify_me": ["true or false."]})
+    if notify_me:
+        subscribe_to_job(actor, job)
+
+
+def subscribe_to_job(actor: Actor, job) -> NotificationRule:
+    """"Notify me when it ends": a rule about this one Job, mailing job.finished and job.failed to the
+    address of the actor's account, in the language they use now. The creator's own: the caller checked
+    that they may create the Job (member role)."""
+    user = actor.user
+    if user is None or not user.email:
+        raise ServiceError("Add an e-mail address to your account first (Django admin, or ask an administrator), "
+                           "or create the Job without “Notify me when it ends”: it mails the address of your "
+                           "account.", "email_missing", fields={"notify_me": ["Your account has no e-mail address."]})
+    languages = {code for code, _ in settings.LANGUAGES}
+    language = translation.get_language() or ""
+    language = language if language in languages else settings.LANGUAGE_CODE
+    with translation.override(language):
+        name = gettext("When %(job)s ends") % {"job": job.display_name}
+    with transaction.atomic():
+        rule = NotificationRule.objects.create(
+            project=job.project, name=name[:100], events=[Event.JOB_FINISHED, Event.JOB_FAILED],
+            channel=Channel.EMAIL, only_my_jobs=True, created_by=user, email_to=user.email, job=job,
+            language=language)
+        audit(actor, "notification_rule.create", rule, project=job.project, after=_snapshot(rule))
+    return rule
 
 
 def set_enabled(actor: Actor, rule: NotificationRule, enabled: bool) -> NotificationRule:
@@ -187,5 +221,5 @@ def webhook_host(url: str) -> str:
 def _snapshot(rule: NotificationRule) -> dict:
     # No secret and no full URL (webhook URLs often carry a token in their path).
     return {"name": rule.name, "events": rule.events, "channel": rule.channel, "computer": rule.computer_id,
-            "only_my_jobs": rule.only_my_jobs, "recipients": len(rule.recipients),
+            "only_my_jobs": rule.only_my_jobs, "job": rule.job_id, "recipients": len(rule.recipients),
             "webhook_host": webhook_host(rule.webhook_url) if rule.webhook_url else None, "language": rule.language}

@@ -195,7 +195,6 @@ class SiteCheckDetailView(APIView):
     @extend_schema(responses=OpenApiTypes.OBJECT)
     def get(self, request, pk, check_id):
         target = _site(request.user, pk)
-        checks.expire_checks()
         found = checks.latest_checks(request.user, target)
         for check in found.values():
             if check and check["id"] == check_id:

@@ -462,9 +462,6 @@ def site_check_status(request, pk, check_id):
     if (mine and check.site_user_id != request.user.pk) or (not mine and not computer_access.can_manage(
             request.user, target)):
         raise Http404("No such check of yours.")
-    if site_checks is not None:
-        site_checks.expire_checks()
-        check.refresh_from_db()
     panel = {"mine": mine, "latest": check_view(check, request.user), "error": ""}
     content = render_to_string("sites/partials/_site_check.html", {"target": target, "site": site, "checks": panel},
                                request=request)

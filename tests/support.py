@@ -70,3 +70,13 @@ def kill_all(pids) -> None:
 def kill_processes_under(path: str) -> None:
     """SIGKILL to what a test left running under `path` (supervisors and job code)."""
     kill_all(processes_under(path))
+
+
+def run_periodic() -> None:
+    """One round of every time-based rule, as `manage.py mado_periodic` does in production: pages and API
+    reads no longer apply deadlines themselves, so a test that moved a clock back runs this before reading."""
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    call_command("mado_periodic", "--once", stdout=StringIO())

@@ -13,6 +13,7 @@ from computers.models import ConnectionCheck, DirectoryRead
 from mado.models import AuditEvent
 from tests.computer_fixtures import ScriptedWorker, failed_result, good_result
 from tests.conftest import assert_error
+from tests.support import run_periodic
 
 
 def session(user) -> APIClient:
@@ -123,6 +124,8 @@ class TestChecks:
         url = f"/api/computers/{computers.admins_public.pk}/checks"
         check = admin.post(url, {"worker_id": "lab-worker-1"}, format="json").json()
         ConnectionCheck.objects.filter(pk=check["id"]).update(created_at=timezone.now() - timedelta(minutes=5, seconds=1))
+        assert admin.get(f"{url}/{check['id']}").json()["status"] == "queued", "a read applies no deadline"
+        run_periodic()  # computers.expire_stale, as the periodic runner does
         body = admin.get(f"{url}/{check['id']}").json()
         assert body["status"] == "expired" and body["failure_reason"] == "not_claimed"
         assert body["failure_text"] == "The selected worker did not claim the check"
@@ -134,6 +137,7 @@ class TestChecks:
         check = admin.post(url, {"worker_id": "lab-worker-1"}, format="json").json()
         item = worker.claim_check()
         ConnectionCheck.objects.filter(pk=check["id"]).update(claimed_at=timezone.now() - timedelta(minutes=6))
+        run_periodic()
         assert admin.get(f"{url}/{check['id']}").json()["failure_reason"] == "no_result"
         assert_error(worker.complete_check(item), 409, "check_expired")
 
@@ -266,6 +270,7 @@ class TestReads:
         url = f"/api/computers/{computers.admins_public.pk}/reads"
         read = admin.post(url, {"path": "/data/", "worker_id": "lab-worker-1"}, format="json").json()
         DirectoryRead.objects.filter(pk=read["id"]).update(created_at=timezone.now() - timedelta(minutes=11))
+        run_periodic()
         assert_error(admin.get(f"{url}/{read['id']}"), 404)
 
     def test_a_read_is_only_handed_to_the_worker_it_names(self, world, computers, worker):

@@ -17,6 +17,7 @@ from django.urls import reverse
 from computers.models import ComputeTarget, ConnectionCheck, DirectoryRead
 from mado.models import AuditEvent
 from tests.computer_fixtures import ScriptedWorker, failed_result, good_result, make_computer
+from tests.support import run_periodic
 from workers.models import Worker
 
 HTMX = {"HTTP_HX_REQUEST": "true"}
@@ -500,6 +501,8 @@ def test_a_check_nobody_claims_expires_and_step_1_says_the_worker_did_not_pick_i
     target = ComputeTarget.objects.get(name="gpu-host-1")
     check = target.checks.get()
     ConnectionCheck.objects.filter(pk=check.pk).update(created_at=check.created_at - timedelta(minutes=6))
+    assert poll(client, target, check).status_code == 200, "the poll applies no deadline: it keeps polling"
+    run_periodic()  # computers.expire_stale, as the periodic runner does
     done = poll(client, target, check)
     assert done.status_code == 286
     page = html(done)
@@ -715,6 +718,7 @@ def test_a_check_nobody_picks_up_tells_the_details_where_to_look(client, world, 
     check = machines.alices.checks.get()
     assert check.requested_worker is None  # no worker named: one that handles the computer takes it
     ConnectionCheck.objects.filter(pk=check.pk).update(created_at=check.created_at - timedelta(minutes=6))
+    run_periodic()
     page = html(poll(client, machines.alices, check, flow="details"))
     assert "The chosen worker did not pick up the check, or no worker claimed the check within 5 minutes" in page
     assert "MMT_WORKER_TARGET_IDS (--target-ids of install)" in page

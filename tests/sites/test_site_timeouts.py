@@ -1,7 +1,8 @@
 """The deadlines of site Jobs, with timestamps moved back in the database: `submitting` without a report
 for 15 minutes fails submit_failed; `submitted` without a runner within the site's queue timeout fails
-queue_timeout and, on a launcher site, has its scheduler job canceled. They run on job reads, launcher
-polls and `manage.py expire_site_jobs`, at most once a second."""
+queue_timeout and, on a launcher site, has its scheduler job canceled. They run in the periodic runner
+(`sites.expire_overdue`), and, at most once a second, before launcher polls and claims, runner calls and
+`manage.py expire_site_jobs`; job reads show what they did."""
 from __future__ import annotations
 
 from datetime import timedelta
@@ -16,6 +17,7 @@ from mado.services import Actor
 from sites import services, submissions
 from sites.models import Submission
 from tests.conftest import bearer
+from tests.support import run_periodic
 from tests.sites.site_jobs import (  # noqa: F401  (fixtures)
     Runner,
     claim,
@@ -43,13 +45,15 @@ def _age(job, **fields):
     Submission.objects.filter(job=job).update(**{k: timezone.now() - v for k, v in fields.items()})
 
 
-def test_a_claim_without_a_report_for_15_minutes_fails_submit_failed_on_the_next_read(world, site, lclient):
+def test_a_claim_without_a_report_for_15_minutes_fails_submit_failed(world, site, lclient):
     job = queue(site, world.member, world.project)[0]
     claim(lclient, site)
     reader = bearer(world.member_token(world.member))
     _age(job, claimed_at=timedelta(minutes=14))
+    run_periodic()
     assert reader.get(f"/api/jobs/{job.pk}").json()["status"] == "submitting"
     _age(job, claimed_at=timedelta(minutes=15, seconds=5))
+    run_periodic()  # sites.expire_overdue, as the periodic runner does
     body = reader.get(f"/api/jobs/{job.pk}").json()
     assert body["status"] == "failed" and body["end_reason"] == "submit_failed"
     assert "within 15 minutes" in body["error"]
@@ -112,8 +116,9 @@ def test_expiry_runs_at_most_once_a_second(world, site, lclient, monkeypatch):
     assert submissions.expire_overdue(force=True) == 1
 
 
-def test_the_job_pages_end_a_manual_site_job_past_its_queue_timeout(world, host_keys, launcher, client):
-    """No launcher polls a manual site: the Jobs list and the job page apply the deadline themselves."""
+def test_the_periodic_runner_ends_a_manual_site_job_past_its_queue_timeout(world, host_keys, launcher, client):
+    """No launcher polls a manual site: the periodic runner applies its deadline, and the pages show it
+    (they apply none themselves)."""
     pc = site_of(world.project_admin, host_keys, launcher, name="alices-pc", submission="manual",
                  queue_timeout_seconds=600)
     job = queue(pc, world.member, world.project, status="waiting_manual")[0]
@@ -125,6 +130,10 @@ def test_the_job_pages_end_a_manual_site_job_past_its_queue_timeout(world, host_
     assert [i["job_ids"] for i in items] == [[job.pk]]
     client.force_login(world.member)
     _age(job, reported_at=timedelta(seconds=610))
+    client.get(f"/projects/lab/jobs/{job.pk}/")
+    client.get("/projects/lab/jobs/")
+    assert Job.objects.get(pk=job.pk).status == "submitted", "a read applies no deadline"
+    run_periodic()  # sites.expire_overdue, as the periodic runner does
     page = client.get(f"/projects/lab/jobs/{job.pk}/").content.decode()
     job.refresh_from_db()
     assert (job.status, job.end_reason) == ("failed", "queue_timeout")
