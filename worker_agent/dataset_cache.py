@@ -13,6 +13,11 @@ Layout under `<working_dir>/.mmt-cache/datasets/` (the root):
     <hex>/complete.json written last: the entry counts only once this exists
     <hex>/last-used     its mtime orders eviction (least recently used first)
 
+A complete entry is read-only but for `users/` (mode 555 directories, 444 files): one SSH user may
+serve every project of a computer, and the jobs that share a version must not change it, even by
+accident. Eviction puts the write bits back on the directories before it removes them. The cache
+directories are mode 700.
+
 Commands (one JSON object per stdout line; the last line is the answer):
 
     ensure <root>   stdin: one JSON line {job_id, limit_bytes, version: {id, digest, total_size,
@@ -429,11 +434,22 @@ def seal(entry, items, version, moved):
     write_json(os.path.join(entry, "complete.json"),
                {"version_id": version["id"], "digest": version["digest"], "total_size": version["total_size"],
                 "file_count": len(items), "completed_at": time.time(), "received_bytes": moved}, 0o444)
+    touch(entry)
+    for name in ("reserved.json", "last-used"):
+        try:
+            os.chmod(os.path.join(entry, name), 0o444)
+        except FileNotFoundError:
+            pass
+    os.chmod(entry, 0o555)  # nothing is added, renamed or removed in it now; users/ stays writable
 
 
 def touch(entry):
-    with open(os.path.join(entry, "last-used"), "w") as f:
-        f.write(f"{time.time()}\n")
+    """Mark the entry used now: the mtime of `last-used` (the owner may set it on a read-only file)."""
+    path = os.path.join(entry, "last-used")
+    try:
+        os.utime(path)
+    except FileNotFoundError:
+        write_json(path, time.time(), 0o444)
 
 
 # -- commands -------------------------------------------------------------------------------------
@@ -447,6 +463,7 @@ def ensure(root, stdin):
         raise Failed("larger_than_cache", f"Input dataset version {version['id']} is {gib(size)}, larger than this "
                                           f"computer's dataset cache limit of {gib(limit)}. Raise the limit in the "
                                           "computer's settings.")
+    os.makedirs(os.path.dirname(root), 0o700, exist_ok=True)  # .mmt-cache
     os.makedirs(root, 0o700, exist_ok=True)
     entry = os.path.join(root, key)
     with Lock(os.path.join(root, ".lock")):
@@ -458,6 +475,7 @@ def ensure(root, stdin):
             say(state="have")
             return {"ok": True, "fetched": False, "received_bytes": 0, "path": os.path.join(entry, "data"),
                     "usage": usage(root, limit)}
+        os.chmod(entry, 0o700)  # writable while it is fetched (an entry that lost its complete.json was sealed)
         with Lock(os.path.join(root, ".lock")):
             evicted = make_room(root, key, size, limit)
             write_json(os.path.join(entry, "reserved.json"), {"total_size": size})

@@ -36,9 +36,10 @@ where it was, and nothing runs twice):
 
 A cluster job (docs/cluster-jobs.md) runs as a `ClusterRunner`: one `ReplicaRunner` per replica does
 the steps above on its own computer and workspace `<jobId>-<replica>`; all are prepared before any
-starts; each replica's logs are followed on its own thread and posted with its name; the job ends
-with main1 (the subs are then stopped) or with the first sub that fails (the others are stopped; the
-completion names it); a stop request stops them all.
+starts (the source and inputs by the worker; the venv or container by each supervisor, which then
+holds until the job releases all replicas at once); each replica's logs are followed on its own
+thread and posted with its name; the job ends with main1 (the subs are then stopped) or with the
+first sub that fails (the others are stopped; the completion names it); a stop request stops them all.
 
 Any leased call answered 401/403/404/410, or 409 `invalid_lease`/`job_ended`/`job_already_completed`,
 means the lease is gone: the worker stops touching that job and forgets it. SIGTERM to the worker
@@ -175,6 +176,9 @@ _END = object()
 
 
 class JobRunner:
+    # Whether the supervisor holds the job's process until `release` (cluster replicas: ClusterRunner).
+    HOLD_START = False
+
     def __init__(self, manager: JobManager, record: dict):
         self.manager = manager
         self.api: ApiClient = manager.api
@@ -394,7 +398,8 @@ class JobRunner:
         runtime = str(self.job.get("runtime") or "python")
         facts = self.on_target(lambda c: read_facts(c, python=self.python, runtime=runtime), "reading target facts")
         try:
-            return build_spec(self.job, facts, grace_seconds=self.config.cancel_grace, cluster=self.cluster_spec())
+            return build_spec(self.job, facts, grace_seconds=self.config.cancel_grace, cluster=self.cluster_spec(),
+                              hold=self.HOLD_START)
         except RuntimeRefused as exc:
             raise StartFailed(exc.message) from None
 
@@ -847,7 +852,10 @@ class ReplicaRunner(JobRunner):
     for main1, the outputs) on the replica's computer, in its workspace `<jobId>-<replica>`, with its
     own log offsets in `record["replicas"][name]`. The lease, the API, the journal and the checks for
     a worker stop or a lost lease are the job's (ClusterRunner); a replica has no threads of its own.
-    JobRunner.__init__ is not called: it would start threads and claim the job's record."""
+    JobRunner.__init__ is not called: it would start threads and claim the job's record.
+    Its supervisor prepares and then holds the process until the job releases every replica at once."""
+
+    HOLD_START = True
 
     def __init__(self, parent: ClusterRunner, replica: dict):  # JobRunner.__init__ deliberately not called
         self.parent = parent
@@ -970,6 +978,8 @@ class ClusterRunner(JobRunner):
             if not replica.started:
                 replica.started = True
                 replica.save(started=True)
+        if not self.record["cluster"].get("decision") and not self.release_replicas():
+            return None
         self.mark_started()
         return None
 
@@ -1007,6 +1017,105 @@ class ClusterRunner(JobRunner):
                      replica.computer.get("name"), ",".join(replica.gpu_ids) or "none",
                      (answer.get("supervisor") or {}).get("pid"))
         return True
+
+    def release_replicas(self) -> bool:
+        """Start every replica's process together (docs/cluster-jobs.md, step 1): each supervisor prepares
+        its replica (venv, container) and holds; once every replica holds (or is past that, after a
+        restart), all are released at once. Without this the replica prepared first would run alone
+        for as long as the others prepare: a sub that fails at once got the others stopped before
+        their processes existed. False when the job ended instead (a replica could not be prepared, or
+        a stop request came)."""
+        rounds = 0
+        said = None
+        while True:
+            self.check()
+            with self._lock:
+                canceled = self.cancel_requested
+            if canceled:
+                log.info("job %s: stop requested while its replicas were being prepared; stopping them", self.id)
+                self.stop_replicas(self.replicas)
+                self.save(completion={"status": "canceled", "end_reason": "canceled"})
+                return False
+            held, preparing = [], []
+            for replica in self.replicas:
+                try:
+                    state = replica.on_target(lambda c, r=replica: r.remote(c).poll(),
+                                              f"asking the supervisor of {replica.name} whether it is prepared")
+                except SupervisorError as exc:
+                    message = f"The replica's workspace cannot be used ({exc.code}): {exc.message}"
+                    self.start_failed(replica, message, present=[r.name for r in self.replicas])
+                    return False
+                except StartFailed as exc:
+                    self.start_failed(replica, exc.message, reason=exc.reason, present=[r.name for r in self.replicas])
+                    return False
+                status = state.get("status")
+                if state.get("pid") or status == "running":
+                    continue  # its process runs or ran: released before (a restarted worker)
+                if status == "starting":
+                    (held if state.get("held") else preparing).append(replica)
+                elif status == "unknown" and state.get("recoverable"):
+                    log.info("job %s: the supervisor of %s ended while preparing; a new one takes over", self.id,
+                             replica.name)
+                    try:
+                        replica.start_supervisor(replica.spec())
+                    except StartFailed as exc:
+                        self.start_failed(replica, exc.message, reason=exc.reason,
+                                          present=[r.name for r in self.replicas])
+                        return False
+                    preparing.append(replica)
+                else:  # failed_to_start (venv, requirements, docker create), canceled there, or gone
+                    error = state.get("error") or {
+                        "absent": "Its workspace on its computer disappeared before it started.",
+                        "canceled": "It was stopped on its computer before it started."}.get(
+                        status, f"Its supervisor says {status} before it started.")
+                    self.start_failed(replica, error, present=[r.name for r in self.replicas])
+                    return False
+            if not preparing:
+                break
+            names = ", ".join(r.name for r in preparing)
+            if names != said:
+                log.info("job %s: waiting for %s to be prepared (%d of %d replicas are)", self.id, names,
+                         len(self.replicas) - len(preparing), len(self.replicas))
+                said = names
+            rounds += 1
+            self.pause(min(5.0, 0.5 + 0.25 * rounds))
+        failed = self.release_all(held) if held else None
+        if failed is not None:
+            replica, exc = failed
+            self.start_failed(replica, f"Its supervisor refused to start it ({exc.code}): {exc.message}",
+                              present=[r.name for r in self.replicas])
+            return False
+        return True
+
+    def release_all(self, replicas: list[ReplicaRunner]) -> tuple[ReplicaRunner, SupervisorError] | None:
+        """`release` to every held replica at the same moment (each on its own computer); the first
+        replica whose supervisor refused, with its error, or None."""
+        errors: dict[str, BaseException] = {}
+
+        def release(replica: ReplicaRunner) -> None:
+            try:
+                replica.on_target(lambda c: replica.remote(c).release(), f"starting {replica.name}")
+            except BaseException as exc:  # noqa: BLE001  (raised on the job's thread below)
+                errors[replica.name] = exc
+            finally:
+                replica.api.close()
+
+        threads = [threading.Thread(target=release, args=(r,), name=f"job-{self.id}-release-{r.name}", daemon=True)
+                   for r in replicas]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        for replica in replicas:  # a worker stop or a lost lease first: they leave the job as it is
+            exc = errors.get(replica.name)
+            if exc is not None and not isinstance(exc, SupervisorError):
+                raise exc
+        for replica in replicas:
+            exc = errors.get(replica.name)
+            if exc is not None:
+                return replica, exc
+        log.info("job %s: every replica is prepared; started %s", self.id, ", ".join(r.name for r in replicas))
+        return None
 
     def start_failed(self, replica: ReplicaRunner, message: str, *, reason: str = "start_failed", present=()) -> None:
         """One replica cannot start: those started are stopped, and the job fails naming the replica."""

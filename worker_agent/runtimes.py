@@ -170,14 +170,17 @@ def _check_mountable(path: str, forbidden: str, runtime: str) -> None:
 
 
 def build_spec(job: dict, facts: TargetFacts, *, grace_seconds: float = DEFAULT_GRACE,
-               cluster: dict | None = None) -> dict:
+               cluster: dict | None = None, hold: bool = False) -> dict:
     """The spec for `supervisor.py start`, for a claimed `job` (the claim payload).
 
     `cluster`, for one replica of a cluster job (docs/cluster-jobs.md): `name` (main1, sub1, …), `env`
     (`jobenv.cluster_environment`) and `hosts` (replica name → address). The replica gets its own
     workspace `<working_dir>/.mmt/jobs/<jobId>-<name>/` (replicas may share a computer), the hosts file
     `inputs/cluster-hosts` named by MMT_CLUSTER_HOSTS_FILE, and in Docker `--add-host` per replica.
-    `job`'s `computer` and `gpu_ids` must be the replica's own."""
+    `job`'s `computer` and `gpu_ids` must be the replica's own.
+
+    `hold`: the supervisor prepares (venv, container) and then waits for `release` before it starts the
+    job's process; the worker's cluster replicas use it to start together once all are prepared."""
     computer = job.get("computer") or {}
     working_dir = str(computer.get("working_dir") or "").rstrip("/")
     if not working_dir.startswith("/"):
@@ -223,6 +226,8 @@ def build_spec(job: dict, facts: TargetFacts, *, grace_seconds: float = DEFAULT_
         spec.update(_apptainer(job, facts, runtime, working_dir, job_dir, command, gpu_ids, has_source))
     else:
         raise RuntimeRefused("runtime_unsupported", f"The worker cannot run the runtime {runtime!r}.")
+    if hold:
+        spec["hold"] = True
     spec["spec_hash"] = spec_hash(spec)
     return spec
 

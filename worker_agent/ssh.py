@@ -9,7 +9,11 @@ sentence that says what to do instead.
 
 One transport is kept per connection (host, port, user, key, known_hosts) and re-opened when it has
 failed; `TCP_NODELAY` is set on the socket we hand to paramiko, which makes a command over an open
-transport ~14× faster on loopback (DESIGN §13)."""
+transport ~14× faster on loopback (DESIGN §13).
+
+`run` returns once both the channel's EOF and the exit status have arrived: sshd may send the exit
+status before the last bytes of stdout and stderr (see `_collect`), so the exit status alone would
+lose the end of the output."""
 from __future__ import annotations
 
 import logging
@@ -31,6 +35,8 @@ CONNECT_TIMEOUT = 10.0
 KEEPALIVE_SECONDS = 15
 MAX_OUTPUT = 16 * 1024 * 1024
 STDIN_BLOCK = 256 * 1024
+# After the exit status, how long the output may stay open without a byte before it is taken as complete.
+EXIT_DRAIN_SECONDS = 10.0
 # aes128-gcm first: 222 MB/s against 152 MB/s for paramiko's default aes128-ctr (DESIGN §13).
 PREFERRED_CIPHERS = ("aes128-gcm@openssh.com", "aes256-gcm@openssh.com", "aes128-ctr", "aes192-ctr", "aes256-ctr")
 
@@ -398,6 +404,12 @@ class ChannelStream:
 
 
 def _collect(channel: paramiko.Channel, stdin, timeout: float) -> RunResult:
+    """Send `stdin`, then read stdout and stderr until the command's end: EOF on the channel *and* its
+    exit status. The exit status alone is not the end: sshd sends it as soon as it reaps the command,
+    which can be before it has read the last bytes the command wrote into its stdout and stderr pipes
+    (OpenSSH's server loop handles the child's exit before the pipes of the same poll round, and a
+    busy machine makes that likely); it sends EOF only once both pipes are drained and closed. So the
+    output is complete only at EOF (packets arrive in order: everything before it is buffered then)."""
     deadline = time.monotonic() + timeout
     if stdin is not None and hasattr(stdin, "read"):
         channel.settimeout(timeout)
@@ -409,21 +421,41 @@ def _collect(channel: paramiko.Channel, stdin, timeout: float) -> RunResult:
     channel.shutdown_write()
     channel.settimeout(0.0)
     out, err = bytearray(), bytearray()
-    fd = channel.fileno()  # readable when stdout or stderr has data, or at EOF
+    fd = channel.fileno()  # readable when stdout or stderr has data, and for good at EOF or close
+    quiet_since = None  # when the exit status was known and nothing arrived since
     while True:
+        got = False
         while channel.recv_ready():
             out += channel.recv(65536)
+            got = True
         while channel.recv_stderr_ready():
             err += channel.recv_stderr(65536)
+            got = True
         if len(out) > MAX_OUTPUT or len(err) > MAX_OUTPUT:
             raise CommandTimeout("The command printed more than the worker accepts.")
-        # paramiko handles packets in order: once the exit status arrived, all output is buffered.
-        if channel.exit_status_ready() and not channel.recv_ready() and not channel.recv_stderr_ready():
-            break
-        remaining = deadline - time.monotonic()
+        ended = channel.eof_received or channel.closed
+        if ended:
+            if not channel.recv_ready() and not channel.recv_stderr_ready():
+                break
+            continue  # the last bytes came with the EOF
+        now = time.monotonic()
+        if channel.exit_status_ready() and not ended:
+            # Exited, output not closed yet: sshd is still forwarding what the command wrote. Only a
+            # process the command left behind holding its stdout/stderr keeps EOF away for long; after
+            # EXIT_DRAIN_SECONDS without a byte the output is taken as it is (ssh itself would hang).
+            quiet_since = now if got or quiet_since is None else quiet_since
+            if now - quiet_since >= EXIT_DRAIN_SECONDS:
+                log.warning("a command exited but its output stayed open for %.0f s (a background process "
+                            "keeps it?); taking the output received so far", EXIT_DRAIN_SECONDS)
+                break
+        remaining = deadline - now
         if remaining <= 0:
             raise CommandTimeout(f"The command did not finish within {timeout:.0f} s.")
-        select.select([fd], [], [], min(remaining, 1.0))
+        select.select([fd], [], [], min(remaining, 0.5 if quiet_since is not None else 1.0))
+    # EOF can come before the exit status (a command that closed its output and still runs).
+    remaining = deadline - time.monotonic()
+    if not channel.status_event.wait(max(remaining, 0.0)):
+        raise CommandTimeout(f"The command did not finish within {timeout:.0f} s.")
     code = channel.recv_exit_status()
     transport = channel.get_transport()
     if code == -1 and (transport is None or not transport.is_active()):

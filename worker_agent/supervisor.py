@@ -17,6 +17,12 @@ JSON object on stdout (exit 0; a refusal prints `{"error", "code"}` and exits 3)
                        is gone before writing an end state, the status is `unknown` (`stored_status`
                        keeps what it last wrote; `process_alive` says whether the job's process still
                        runs); the job is never started again (see "Recovery").
+    release <job_dir>  for a spec with `hold` (the replicas of a cluster job): lets the job's process
+                       start. Such a supervisor prepares (venv, `docker container create`), then says
+                       `held: true` (status still `starting`, `prepared_at` set) and waits for this, so
+                       the worker starts every replica's process together once all are prepared
+                       (docs/cluster-jobs.md, step 1). Idempotent; a stop request wins over it; after
+                       `hold_seconds` (default a day) unreleased it ends `failed_to_start`/`hold_expired`.
     cancel <job_dir> [wait_seconds]
                        writes cancel.request and waits for the end state: SIGTERM to the job's process
                        group, SIGKILL after the grace (10 s; `grace_seconds` in the spec), then waits
@@ -34,7 +40,8 @@ JSON object on stdout (exit 0; a refusal prints `{"error", "code"}` and exits 3)
                        the daemon itself (spawned by start; not for callers).
 
 The daemon records itself in state.json, prepares (python runtime: a venv per requirements hash under
-`<working_dir>/.mmt-cache/venvs/`, built under a lock and reused; docker: `docker container create`),
+`<working_dir>/.mmt-cache/venvs/`, built under a lock, read-only once complete, and reused; docker:
+`docker container create`),
 starts the job in its own session and process group with stdout.log/stderr.log appended, enforces the
 walltime (SIGTERM, SIGKILL after the grace; status `timed_out`), and after the job's main process has
 ended also stops what is left of its process group, so nothing runs unsupervised once a job has ended.
@@ -82,6 +89,8 @@ NOTE = "[mado] "
 JOB_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 RUNTIMES = ("python", "docker", "apptainer", "singularity", "process")
 SPEC_FILE, STATE_FILE, LOCK_FILE, CANCEL_FILE = "spec.json", "state.json", "start.lock", "cancel.request"
+RELEASE_FILE = "release"
+HOLD_SECONDS = 24 * 3600  # a held supervisor whose worker never comes back gives up after this
 STDOUT_FILE, STDERR_FILE, SUPERVISOR_LOG, PROGRAM_FILE = "stdout.log", "stderr.log", "supervisor.log", "supervisor.py"
 POLL_INTERVAL = 0.05
 # The environment of preparation steps (venv, pip): the host pass-through of jobs plus what pip needs to
@@ -187,6 +196,40 @@ def _no_symlink_dir(path: str, *, create: bool, mode: int = 0o700) -> None:
                                          "inside the working directory (remove the link).")
     if not stat.S_ISDIR(st.st_mode):
         raise Refused("bad_job_dir", f"{path} exists and is not a directory: remove it.")
+
+
+def private_dir(path: str) -> None:
+    """Mode 700 on a directory of ours that others could enter or list (one SSH user may serve every
+    project of a Public computer: what can be private is). A directory of another user is left alone."""
+    st = os.lstat(path)
+    if stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and stat.S_IMODE(st.st_mode) & 0o077:
+        os.chmod(path, 0o700)
+
+
+def read_only_tree(path: str) -> None:
+    """No write bit on anything under `path` (a venv once complete): jobs that share it cannot change it
+    by accident. Symbolic links are skipped (chmod would change their target, e.g. the system Python)."""
+    for dirpath, dirnames, filenames in os.walk(path, topdown=False):
+        for name in filenames + dirnames:
+            full = os.path.join(dirpath, name)
+            st = os.lstat(full)
+            if not stat.S_ISLNK(st.st_mode) and st.st_mode & 0o222:
+                os.chmod(full, stat.S_IMODE(st.st_mode) & ~0o222)
+    st = os.lstat(path)
+    os.chmod(path, stat.S_IMODE(st.st_mode) & ~0o222)
+
+
+def remove_tree(path: str) -> None:
+    """shutil.rmtree that also removes read-only trees (read_only_tree): write bits back on the
+    directories first, never following links."""
+    if os.path.isdir(path) and not os.path.islink(path):
+        os.chmod(path, 0o700)
+        for dirpath, dirnames, _ in os.walk(path):
+            for name in dirnames:
+                full = os.path.join(dirpath, name)
+                if not os.path.islink(full):
+                    os.chmod(full, 0o700)
+    shutil.rmtree(path)
 
 
 def checked_dirs(base: str, parts: list[str], *, create: bool) -> str:
@@ -328,6 +371,11 @@ def validate_spec(spec) -> dict:
         parent, key = os.path.split(os.path.normpath(venv["dir"]))
         if parent != os.path.normpath(cache) or not JOB_ID.match(key):
             raise Refused("bad_spec", f"venv.dir must be a directory in {cache}.")
+    if not isinstance(spec.get("hold", False), bool):
+        raise Refused("bad_spec", "hold must be true or false.")
+    hold_seconds = spec.get("hold_seconds", HOLD_SECONDS)
+    if not isinstance(hold_seconds, (int, float)) or isinstance(hold_seconds, bool) or hold_seconds <= 0:
+        raise Refused("bad_spec", "hold_seconds must be a positive number.")
     grace = spec.get("grace_seconds", DEFAULT_GRACE)
     walltime = spec.get("walltime_seconds")
     if not isinstance(grace, (int, float)) or grace < 0 or \
@@ -409,6 +457,8 @@ def cmd_start(job_dir: str, payload: bytes, source: bytes) -> dict:
     if st.st_uid != os.getuid():
         raise Refused("bad_job_dir", f"{job_dir} belongs to another user.")
     os.chmod(job_dir, 0o700)
+    for parent in (os.path.dirname(job_dir), os.path.dirname(os.path.dirname(job_dir))):  # .mmt/jobs, .mmt
+        private_dir(parent)
     lock = os.open(os.path.join(job_dir, LOCK_FILE), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
     try:
         fcntl.flock(lock, fcntl.LOCK_EX)
@@ -645,6 +695,8 @@ class Daemon:
         venv = self.spec["venv"]
         base, key = os.path.split(venv["dir"])
         checked_dirs(self.spec["working_dir"], os.path.relpath(base, self.spec["working_dir"]).split("/"), create=True)
+        for directory in (base, os.path.dirname(base)):  # .mmt-cache/venvs, .mmt-cache
+            private_dir(directory)
         lock = os.open(venv["dir"] + ".lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
         try:
             waited = False
@@ -663,11 +715,13 @@ class Daemon:
             ready = os.path.join(venv["dir"], ".mmt-ready")
             if os.path.exists(ready):
                 self.note(f"Reusing the venv for these requirements ({key}).")
-                os.utime(ready)
+                os.utime(ready)  # the owner may, on a read-only file too
+                if os.lstat(venv["dir"]).st_mode & 0o222:  # made before venvs were read-only, or cut short
+                    read_only_tree(venv["dir"])
                 return True
             if os.path.lexists(venv["dir"]):
                 _no_symlink_dir(venv["dir"], create=False)
-                shutil.rmtree(venv["dir"])
+                remove_tree(venv["dir"])
             # pip may run build code of sdists: it gets what pip needs from the target, nothing else.
             env = {k: v for k, v in os.environ.items() if k in PREPARE_PASS_ENV or k.startswith("PIP_")}
             env.update(PIP_DISABLE_PIP_VERSION_CHECK="1", PIP_NO_INPUT="1")
@@ -693,10 +747,49 @@ class Daemon:
                                        f"Installing the requirements failed (pip exit code {rc}); see the lines above.")
                     return False
             write_file(ready, b"")
+            # Shared by every job with these requirements (of any project, where one SSH user serves
+            # them all): read-only from now on; a job installs nothing into it.
+            read_only_tree(venv["dir"])
             self.note("The venv is ready.")
             return True
         finally:
             os.close(lock)
+
+    def wait_release(self) -> str | None:
+        """With `hold` in the spec: everything is prepared; say so (`held`, `prepared_at`) and wait for the
+        worker's `release`. None once released (or without `hold`); `canceled` when a stop request came
+        first, `hold_expired` after `hold_seconds`. The caller ends the job in those cases."""
+        if not self.spec.get("hold"):
+            return None
+        prepared_at = self.state.get("prepared_at") or time.time()
+        if not os.path.exists(self.path(RELEASE_FILE)) and not self.cancel_requested():
+            self.save(held=True, prepared_at=prepared_at)
+            self.note("Prepared; waiting until every replica of the job is prepared.")
+        deadline = time.monotonic() + float(self.spec.get("hold_seconds", HOLD_SECONDS))
+        while True:
+            if self.cancel_requested():  # checked first: a replica stopped while held never runs
+                return "canceled"
+            if os.path.exists(self.path(RELEASE_FILE)):
+                self.save(held=False, prepared_at=prepared_at)
+                return None
+            if time.monotonic() >= deadline:
+                return "hold_expired"
+            time.sleep(POLL_INTERVAL)
+
+    def held_back(self, *, container: bool = False) -> bool:
+        """`wait_release`, ending the job when it says so (removing its container first); True then."""
+        why = self.wait_release()
+        if why is None:
+            return False
+        if container:
+            self.docker_remove()
+        if why == "canceled":
+            self.finish("canceled")
+        else:
+            self.fail_to_start("hold_expired", f"The worker did not start this replica within "
+                                               f"{float(self.spec.get('hold_seconds', HOLD_SECONDS)):g} s of its "
+                                               "preparation; it was not started.")
+        return True
 
     def walltime_deadline(self) -> float | None:
         walltime = self.spec.get("walltime_seconds")
@@ -705,6 +798,8 @@ class Daemon:
 
     def run_process(self) -> None:
         spec = self.spec
+        if self.held_back():
+            return
         try:
             pid = self.spawn(spec["argv"], self.job_env(), spec.get("cwd") or None, self.out_fd, self.err_fd)
         except OSError as exc:
@@ -759,6 +854,8 @@ class Daemon:
                                    f"docker container create exited with {rc}; see the lines above.")
                 return
             self.save(docker=dict(self.state["docker"], created=True))
+        if self.held_back(container=True):
+            return
         if self.cancel_requested():
             self.docker_remove()
             self.finish("canceled")
@@ -819,6 +916,8 @@ class Daemon:
         status, _ = inspected
         if status == "created" and not docker_state.get("started"):
             self.note("The previous supervisor ended before starting the container; starting it now.")
+            if self.held_back(container=True):
+                return
             self.start_attached(["start", "-a"])
             return
         self.note(f"Re-attaching to the job's container ({status}) after the supervisor was restarted.")
@@ -886,6 +985,22 @@ def cmd_poll(job_dir: str) -> dict:
             return {"status": "absent", "job_dir": job_dir}
         raise
     return describe(job_dir, read_json(os.path.join(job_dir, STATE_FILE)))
+
+
+def cmd_release(job_dir: str) -> dict:
+    """Let a held supervisor start the job's process (idempotent; see `release` above)."""
+    try:
+        job_dir = existing_job_dir(job_dir)
+    except Refused as exc:
+        if exc.code == "absent":
+            return {"status": "absent", "job_dir": job_dir}
+        raise
+    state = read_json(os.path.join(job_dir, STATE_FILE))
+    if state is None:
+        return {"status": "absent", "job_dir": job_dir}
+    if not os.path.exists(os.path.join(job_dir, RELEASE_FILE)):
+        write_json(os.path.join(job_dir, RELEASE_FILE), {"released_at": time.time()})
+    return describe(job_dir, state)
 
 
 def stop_group_foreign(pgid: int, grace: float) -> None:
@@ -1067,7 +1182,7 @@ def cmd_follow(job_dir: str, stdout_offset: int, stderr_offset: int) -> int:
 
 def main(args: list[str], payload: bytes | None = None, source: bytes | None = None) -> int:
     if len(args) < 2:
-        print("usage: supervisor.py start|poll|cancel|follow|run <job_dir> [...]", file=sys.stderr)
+        print("usage: supervisor.py start|poll|release|cancel|follow|run <job_dir> [...]", file=sys.stderr)
         return 2
     command, job_dir = args[0], args[1]
     try:
@@ -1086,6 +1201,8 @@ def main(args: list[str], payload: bytes | None = None, source: bytes | None = N
             result = cmd_poll(job_dir)
         elif command == "cancel":
             result = cmd_cancel(job_dir, float(args[2]) if len(args) > 2 else None)
+        elif command == "release":
+            result = cmd_release(job_dir)
         else:
             print(f"unknown command {command}", file=sys.stderr)
             return 2
@@ -1319,6 +1436,10 @@ class Remote:
 
     def poll(self) -> dict:
         return self._call("poll")
+
+    def release(self) -> dict:
+        """Let a supervisor started with `hold` start the job's process (idempotent)."""
+        return self._call("release")
 
     def cancel(self, wait: float | None = None, *, grace: float = DEFAULT_GRACE) -> dict:
         """Stop the job and wait until it has ended (SIGTERM, SIGKILL after the grace)."""

@@ -192,6 +192,27 @@ def test_a_recovering_supervisor_reattaches_and_never_starts_the_container_again
     assert "Re-attaching to the job's container (running)" in local.read("33", "stderr.log")
 
 
+def test_a_held_docker_replica_is_created_then_waits_and_a_stop_removes_its_container(working_dir, fake_docker):
+    """Cluster replicas (`hold`): `docker container create` is the preparation; `start -a` only after
+    `release`; stopped while held, the container is removed and never started."""
+    local = docker_local(working_dir, fake_docker)
+    job = job_payload(35, working_dir, runtime="docker", image="mado/test:1", command=["python3", "-c", "print('up')"])
+    local.start(build_spec(job, TargetFacts(uid=os.getuid(), gid=os.getgid()), grace_seconds=1, hold=True))
+    held = wait_for(lambda: (s := local.poll("35")).get("held") and s, what="the held state")
+    assert held["status"] == "starting" and fake_docker.verbs() == ["container create"]
+    local.call("release", "35")
+    done = local.wait_status("35", "exited")
+    assert done["exit_code"] == 0 and local.read("35", "stdout.log") == "up\n"
+    assert fake_docker.verbs() == ["container create", "start", "container inspect", "rm"]
+
+    job = job_payload(36, working_dir, runtime="docker", image="mado/test:1", command=["python3", "-c", "print('up')"])
+    local.start(build_spec(job, TargetFacts(uid=os.getuid(), gid=os.getgid()), grace_seconds=1, hold=True))
+    wait_for(lambda: local.poll("36").get("held"), what="the held state")
+    assert local.cancel("36")["status"] == "canceled"
+    assert fake_docker.verbs()[4:] == ["container create", "rm"] and fake_docker.container("mmt-job-36") is None
+    assert local.read("36", "stdout.log") == ""
+
+
 def test_a_docker_job_whose_image_is_missing_fails_to_start(working_dir, fake_docker):
     local = docker_local(working_dir, fake_docker)
     spec = build_spec(job_payload(34, working_dir, runtime="docker", image="missing:image", command=["true"]),

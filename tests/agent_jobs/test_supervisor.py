@@ -256,6 +256,46 @@ def test_a_supervisor_killed_while_preparing_is_replaced_without_starting_twice(
     assert "a new one takes over" in local.read("7", "stderr.log")
 
 
+def test_a_held_start_prepares_then_waits_for_release(local, working_dir, tmp_path):
+    """Cluster replicas (spec `hold`): prepared, then held until `release`, so all start together."""
+    marker = tmp_path / "starts.txt"
+    spec = process_spec(working_dir, script=marker_script(marker, "print('up', flush=True)"), hold=True,
+                        venv={"python": PYTHON, "dir": str(working_dir / ".mmt-cache/venvs/k9"), "requirements": ""})
+    local.start(spec)
+    held = wait_for(lambda: (s := local.poll("7")).get("held") and s, timeout=60, what="the held state")
+    assert held["status"] == "starting" and held["pid"] is None and held["prepared_at"]
+    time.sleep(0.5)
+    assert not marker.exists() and local.poll("7")["status"] == "starting", "nothing runs before the release"
+    assert "waiting until every replica of the job is prepared" in local.read("7", "stderr.log")
+    released = local.call("release", "7")
+    assert released["status"] in ("starting", "running", "exited")
+    done = local.wait_status("7", "exited")
+    assert done["exit_code"] == 0 and done["held"] is False and done["prepared_at"] == held["prepared_at"]
+    assert done["started_at"] >= held["prepared_at"]
+    assert local.read("7", "stdout.log") == "up\n" and len(marker.read_text().splitlines()) == 1
+    assert local.call("release", "7")["status"] == "exited", "a release again changes nothing"
+    assert local.call("release", "8")["status"] == "absent"
+
+
+def test_a_held_replica_that_is_stopped_never_runs(local, working_dir, tmp_path):
+    marker = tmp_path / "starts.txt"
+    local.start(process_spec(working_dir, script=marker_script(marker), hold=True))
+    wait_for(lambda: local.poll("7").get("held"), what="the held state")
+    stopped = local.cancel("7")
+    assert stopped["status"] == "canceled" and stopped["pid"] is None
+    local.call("release", "7")  # a release after the stop starts nothing
+    time.sleep(0.3)
+    assert not marker.exists() and local.poll("7")["status"] == "canceled"
+
+
+def test_a_hold_nobody_releases_ends_after_hold_seconds(local, working_dir, tmp_path):
+    marker = tmp_path / "starts.txt"
+    local.start(process_spec(working_dir, script=marker_script(marker), hold=True, hold_seconds=0.5))
+    done = local.wait_status("7", "failed_to_start")
+    assert done["error_code"] == "hold_expired" and not marker.exists()
+    assert local.start(process_spec(working_dir, job_id="8", hold="yes"), check=False)["code"] == "bad_spec"
+
+
 def test_preparation_steps_get_only_what_pip_needs_from_the_environment(working_dir, tmp_path):
     dump = tmp_path / "prepare-env.json"
     wrapper = tmp_path / "python-wrapper"

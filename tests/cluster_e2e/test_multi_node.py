@@ -3,19 +3,31 @@ sshd (tests/cluster_e2e/conftest.py `hosts`): the replicas find each other throu
 environment the worker gives them, and a failing sub ends the job."""
 from __future__ import annotations
 
+import glob
+import os
 import shutil
 import time
 
+from computers.models import ComputeTarget
 from jobs.models import GpuReservation, JobEvent, JobReplica
+from tests.agent_e2e_jobs.conftest import TARGET_PYTHON
 from tests.support import processes_under
 from tests.cluster_e2e.conftest import RENDEZVOUS, replica_env
 from worker_agent import supervisor
 
+# Every replica says it is up (with the time) and leaves a mark in MARKS; sub1 gives up once main1 and
+# sub2 have said so, or after GIVE_UP seconds: its failure never depends on how fast the others start.
 SLEEPER = '''\
 import os, sys, time
-print(f"{os.environ['MMT_CLUSTER_HOST']} up", flush=True)
-if os.environ["MMT_CLUSTER_HOST"] == "sub1":
-    time.sleep(1)
+name, marks = os.environ["MMT_CLUSTER_HOST"], os.environ.get("MARKS")
+print(f"{name} up {time.time():.3f}", flush=True)
+if marks:
+    open(os.path.join(marks, name), "w").close()
+if name == "sub1":
+    deadline = time.monotonic() + float(os.environ.get("GIVE_UP", "60"))
+    while marks and time.monotonic() < deadline and not all(
+            os.path.exists(os.path.join(marks, other)) for other in ("main1", "sub2")):
+        time.sleep(0.05)
     print("sub1 gives up", flush=True)
     sys.exit(3)
 time.sleep(300)
@@ -75,12 +87,22 @@ def test_three_replicas_on_three_hosts_meet_at_main1s_master_port(cluster, hosts
     assert "MASTER_PORT" in worker.output() and "sub2 started on node-" in worker.output()
 
 
+def marks_dir(cluster):
+    marks = cluster.directory(f"cluster-e2e-{cluster.tag}-marks")
+    cluster.working_dirs.append(marks)
+    return marks
+
+
+def up_lines(text: str) -> list[str]:
+    return [" ".join(line.split()[:2]) if line.endswith(tuple("0123456789")) else line for line in text.splitlines()]
+
+
 def test_a_failing_sub_stops_the_others_and_fails_the_job_naming_it(cluster, hosts):
     _, group = node_group(cluster, hosts)
     script = cluster.script("sleeper.py", SLEEPER)
     cluster.start_worker(hosts[0].key_path.parent)
     job = cluster.create_job(compute_group=group.pk, cluster_size=3, cluster_mode="multi-node",
-                             command=["python", str(script)])
+                             command=["python", str(script)], env={"MARKS": str(marks_dir(cluster))})
     for name in ("main1", "sub2"):
         cluster.wait_log(job, name, f"{name} up")
     failed_at = time.monotonic()
@@ -90,7 +112,7 @@ def test_a_failing_sub_stops_the_others_and_fails_the_job_naming_it(cluster, hos
     assert (ended.status, ended.end_reason, ended.end_replica, ended.exit_code) == ("failed", "replica_failed",
                                                                                      "sub1", 3)
     assert "sub1 exited with code 3" in ended.error
-    assert cluster.stream(job, "sub1").splitlines() == ["sub1 up", "sub1 gives up"]
+    assert up_lines(cluster.stream(job, "sub1")) == ["sub1 up", "sub1 gives up"]
     for name in ("main1", "sub2"):
         assert "[mado] Stop requested: sending SIGTERM" in cluster.stream(job, name, "stderr")
     for directory in cluster.working_dirs[1:]:
@@ -98,6 +120,44 @@ def test_a_failing_sub_stops_the_others_and_fails_the_job_naming_it(cluster, hos
             assert not processes_under(supervisor.workspace(str(directory), f"{job.pk}-{name}"))
     assert list(JobEvent.objects.filter(job=job, kind__in=("finished", "failed", "canceled"))
                 .values_list("kind", flat=True)) == ["failed"]
+
+
+def test_replicas_start_together_when_one_takes_longer_to_prepare(cluster, hosts):
+    """Issue 14: the venv is built by each replica's supervisor. Before the start barrier, a replica
+    whose venv was ready first ran alone: sub1 failed (here after GIVE_UP s, as a quick failure does)
+    while sub2 still built its venv, so sub2 was stopped before its process existed and `sub2 up` was
+    never written. Now every supervisor prepares and holds, and all are released together."""
+    computers, group = node_group(cluster, hosts)
+    slow = cluster.script("slow-venv-python", "#!/bin/sh\n"  # node-c: the venv is ready 15 s later
+                          f'if [ "$1 $2" = "-m venv" ]; then {TARGET_PYTHON} "$@"; rc=$?; sleep 15; exit $rc; fi\n'
+                          f'exec {TARGET_PYTHON} "$@"\n')
+    slow.chmod(0o755)
+    ComputeTarget.objects.filter(pk=computers[2].pk).update(python_path=str(slow))
+    script = cluster.script("sleeper.py", SLEEPER)
+    worker = cluster.start_worker(hosts[0].key_path.parent)
+    job = cluster.create_job(compute_group=group.pk, cluster_size=3, cluster_mode="multi-node",
+                             command=["python", str(script)], env={"MARKS": str(marks_dir(cluster)), "GIVE_UP": "5"})
+
+    ended = cluster.wait_ended(job, timeout=150)
+    assert (ended.status, ended.end_reason, ended.end_replica, ended.exit_code) == ("failed", "replica_failed",
+                                                                                     "sub1", 3), ended.error
+    firsts = {name: (cluster.stream(job, name).splitlines() or [""])[0] for name in ("main1", "sub1", "sub2")}
+    assert all(line.startswith(f"{name} up ") for name, line in firsts.items()), (firsts,
+                                                                                  cluster.worker_output()[-4000:])
+    placed = {r.name: next(c for c in computers if c.pk == r.target_id) for r in JobReplica.objects.filter(job=job)}
+    assert placed["sub2"].pk == computers[2].pk, "sub2 is the replica on the slow computer"
+    ready = {name: os.stat(path).st_mtime for name, computer in placed.items()
+             for path in glob.glob(f"{computer.working_dir}/.mmt-cache/venvs/*/.mmt-ready")}
+    assert set(ready) == {"main1", "sub1", "sub2"}
+    for name, line in firsts.items():
+        assert float(line.split()[-1]) >= max(ready.values()), f"{name} ran before every replica was prepared"
+    for name in firsts:
+        assert "[mado] Prepared; waiting until every replica of the job is prepared." in cluster.stream(
+            job, name, "stderr")
+    assert up_lines(cluster.stream(job, "sub1")) == ["sub1 up", "sub1 gives up"]
+    assert "waiting for sub2 to be prepared" in worker.output()
+    for name in ("main1", "sub2"):
+        assert "[mado] Stop requested: sending SIGTERM" in cluster.stream(job, name, "stderr")
 
 
 def test_a_replica_that_cannot_start_stops_those_started_and_fails_the_job_naming_it(cluster, hosts):
