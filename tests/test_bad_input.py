@@ -113,8 +113,9 @@ def test_a_local_computer_can_be_disabled_outside_development_mode(world, settin
 
 
 def test_a_worker_of_another_owner_never_takes_unnamed_checks_of_computers_it_does_not_serve(world):
-    """A worker set up by an outsider lists root's computer in its target ids: it still gets nothing."""
-    roots = gpu_computer(world.global_admin, "root-box")
+    """A worker set up by an outsider lists root's Private computer in its target ids: it still gets
+    nothing (a Private computer runs the jobs of its owner and of the service accounts the owner created)."""
+    roots = gpu_computer(world.global_admin, "root-box", visibility="private")
     account = services.create_service_account(services.Actor(world.outsider), world.other_project, name="evil",
                                               role=Role.ADMIN)
     token = world.token(account.user, ["read", "worker:execute"], project=world.other_project, kind="service")
