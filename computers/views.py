@@ -305,7 +305,6 @@ def _render_connection(request, form: ConnectionForm, *, target=None, check=None
     if target is None:  # Type also offers Site, whose form replaces this one
         form.fields["kind"].choices = [*form.fields["kind"].choices, (Kind.SITE.value, Kind.SITE.label)]
     action = reverse("computer-connection", args=[target.pk]) if target else reverse("computer-add")
-    _redraw_on_visibility(form, action)
     context = {
         "form": form,
         "target": target,
@@ -467,7 +466,6 @@ def _render_edit(request, target, *, form=None, initial=None, check=None, locked
     jobs = list(locks.active_jobs(target)[:5])
     worker = form.chosen_worker()
     _mark_follow(form)
-    _redraw_on_visibility(form, reverse("computer-edit", args=[target.pk]))
     tab = (initial or {}).get("tab") or request.POST.get("tab") or request.GET.get("tab") or "connection"
     if form.is_bound and form.errors:  # open the tab that shows the first error
         settings_errors = any(name in form.errors for name in SettingsForm.base_fields)
@@ -765,14 +763,6 @@ def _settings_url(target, *, check=None, worker=None) -> str:
     if worker:
         query.append(f"worker={worker}")
     return reverse("computer-settings", args=[target.pk]) + ("?" + "&".join(query) if query else "")
-
-
-def _redraw_on_visibility(form, action: str) -> None:
-    """Choosing Public redraws the form (what was typed stays), so the note on the shared SSH user
-    appears next to Visibility (templates/computers/partials/_connection_fields.html)."""
-    form.fields["visibility"].widget.attrs.update({
-        "hx-post": action, "hx-vals": '{"action": "refresh"}', "hx-trigger": "change",
-        "hx-target": "#dialog-content"})
 
 
 def _mark_follow(form) -> None:

@@ -138,11 +138,14 @@ def fill_step_1(dialog, name: str):
     from playwright.sync_api import expect
 
     # The only online worker is already chosen, and its key candidates are offered.
-    expect(dialog.locator("#id_worker option:checked")).to_have_text("lab-worker-1 (worker-host)")
+    expect(dialog.locator("#id_worker option:checked")).to_have_text("lab-worker-1 (lab, worker-host)")
     expect(dialog.locator(f'#ssh-key-options option[value="{KEY}"]')).to_have_count(1)
     expect(dialog.locator(f'#known-hosts-options option[value="{KNOWN_HOSTS}"]')).to_have_count(1)
     dialog.locator("#id_name").fill(name)
+    note = dialog.locator("#public-ssh-user-note")
+    expect(note).to_be_hidden()
     dialog.locator("#id_visibility").select_option("public")
+    expect(note).to_be_visible()  # every project's Jobs run as this one SSH user
     dialog.locator("#id_host").fill(f"{name}.example.internal")
     dialog.locator("#id_ssh_user").fill("mmt")
     dialog.locator("#id_ssh_key_path").fill(KEY)
@@ -346,7 +349,7 @@ def test_edit_computer_switches_tabs_checks_again_and_the_details_check_the_conn
     expect(notice).to_be_hidden()
     dialog.locator("#id_host").fill("gpu-host-3b.example.internal")
     expect(notice).to_be_visible()
-    dialog.locator("#id_worker").select_option(label="lab-worker-1 (worker-host)")
+    dialog.locator("#id_worker").select_option(label="lab-worker-1 (lab, worker-host)")
     expect(dialog.locator(f'#ssh-key-options option[value="{KEY}"]')).to_have_count(1)
     worker.release("claim_check")
     worker.release("complete_check")
