@@ -9,6 +9,7 @@ from django.db import transaction
 from django.db.models import Count, Q
 from django.http import HttpResponse, JsonResponse, StreamingHttpResponse
 from drf_spectacular.utils import OpenApiTypes, extend_schema
+from rest_framework import serializers
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
@@ -19,15 +20,45 @@ from jobs import services as job_services
 from jobs.choices import HELD_STATUSES
 from mado.api.views import json_object, project_for
 from mado.choices import Role, Scope
-from mado.errors import Conflict
+from mado.errors import Conflict, ServiceError
 from mado.exceptions import error_body
 from mado.services import Actor
-from workers.api import LeasedJobView, QueryLeaseMixin, WorkerView
+from mado.validation import BIGINT_MAX, INT32_MAX
+from workers.api import LeasedBodySerializer, LeasedJobView, QueryLeaseMixin, WorkerView, lease_query
 
 WRITE = {"GET": Scope.READ, "POST": Scope.REGISTRY_WRITE, "PUT": Scope.REGISTRY_WRITE}
 VERSION_PAGE = 200
 BYTE_RANGE = re.compile(r"^bytes=(\d*)-(\d*)$")
 STREAM_CHUNK = 1024 * 1024
+
+
+# Request bodies, for the OpenAPI schema. Validation stays in datasets.services and datasets.manifest.
+
+class DatasetCreateSerializer(serializers.Serializer):
+    name = serializers.RegexField(services.NAME_PATTERN.pattern, max_length=100,
+                                  help_text="Letters, digits, '.', '_' or '-'; unique in the project, ignoring case.")
+    description = serializers.CharField(required=False, allow_blank=True, max_length=services.MAX_DESCRIPTION)
+
+
+class ManifestEntrySerializer(serializers.Serializer):
+    path = serializers.CharField(max_length=1024, help_text="A relative path with '/' between directories.")
+    sha256 = serializers.RegexField(r"^[0-9a-fA-F]{64}$", help_text="The file's SHA-256, 64 hex digits.")
+    size = serializers.IntegerField(min_value=0, help_text="The file's size in bytes.")
+
+
+class VersionCreateSerializer(serializers.Serializer):
+    manifest = ManifestEntrySerializer(many=True, allow_empty=False)
+
+
+class CacheUsageSerializer(serializers.Serializer):
+    used_bytes = serializers.IntegerField(min_value=0, max_value=BIGINT_MAX)
+    limit_bytes = serializers.IntegerField(min_value=0, max_value=BIGINT_MAX)
+    complete_count = serializers.IntegerField(min_value=0, max_value=INT32_MAX)
+    pinned_count = serializers.IntegerField(min_value=0, max_value=INT32_MAX)
+
+
+class CacheReportSerializer(LeasedBodySerializer):
+    usage = CacheUsageSerializer()
 
 
 def dataset_body(dataset, version_count: int | None = None) -> dict:
@@ -73,7 +104,7 @@ class DatasetListView(APIView):
             complete_versions=Count("versions", filter=Q(versions__status=VersionStatus.COMPLETE)))
         return Response({"items": [dataset_body(d, d.complete_versions) for d in datasets], "next": None})
 
-    @extend_schema(operation_id="datasets_create", request=OpenApiTypes.OBJECT, responses={201: OpenApiTypes.OBJECT})
+    @extend_schema(operation_id="datasets_create", request=DatasetCreateSerializer, responses={201: OpenApiTypes.OBJECT})
     def post(self, request, project):
         project = _writable(request, project)
         dataset = services.create_dataset(Actor.from_request(request), project, json_object(request))
@@ -101,7 +132,7 @@ class VersionListView(APIView):
         versions = dataset.versions.select_related("dataset", "created_by").order_by("-id")[:VERSION_PAGE]
         return Response({"items": [version_body(v) for v in versions], "next": None})
 
-    @extend_schema(operation_id="dataset_versions_create", request=OpenApiTypes.OBJECT,
+    @extend_schema(operation_id="dataset_versions_create", request=VersionCreateSerializer,
                    responses={201: OpenApiTypes.OBJECT, 200: OpenApiTypes.OBJECT})
     def post(self, request, project, dataset):
         project = _writable(request, project)
@@ -215,7 +246,8 @@ class WorkerInputManifestView(QueryLeaseMixin, WorkerView):
 
     required_scopes = {"GET": Scope.WORKER_EXECUTE}
 
-    @extend_schema(operation_id="worker_job_dataset_manifest", responses=OpenApiTypes.OBJECT)
+    @extend_schema(operation_id="worker_job_dataset_manifest", responses=OpenApiTypes.OBJECT,
+                   parameters=lease_query())
     def get(self, request, job_id, version):
         version = _leased_input(self, request, job_id, version)
         return Response({"digest": version.digest, "items": version.manifest()})
@@ -227,7 +259,7 @@ class WorkerInputFileView(QueryLeaseMixin, WorkerView):
 
     required_scopes = {"GET": Scope.WORKER_EXECUTE}
 
-    @extend_schema(operation_id="worker_job_dataset_file",
+    @extend_schema(operation_id="worker_job_dataset_file", parameters=lease_query(),
                    responses={(200, "application/octet-stream"): OpenApiTypes.BINARY})
     def get(self, request, job_id, version, path):
         version = _leased_input(self, request, job_id, version)
@@ -239,10 +271,21 @@ class WorkerCacheUsageView(LeasedJobView):
     """POST {worker_id, lease_id, usage}: the computer's dataset cache as found after the inputs of
     this job were ensured (shown on the computer's details page)."""
 
-    @extend_schema(operation_id="worker_job_dataset_cache", request=OpenApiTypes.OBJECT, responses=OpenApiTypes.OBJECT)
+    @extend_schema(operation_id="worker_job_dataset_cache", request=CacheReportSerializer,
+                   responses=OpenApiTypes.OBJECT)
     def post(self, request, job_id):
         body = self.leased_body()
         with transaction.atomic():
             job = job_services.leased(self.worker(), job_id, body["lease_id"])
+            _check_cache_counts(body.get("usage"))
             services.record_cache_usage(job, body.get("worker_id"), body.get("usage"))
         return Response({"recorded": True})
+
+
+def _check_cache_counts(usage) -> None:
+    """The report's version and pinned counts are 32-bit columns: a larger count is refused here, where
+    the database would otherwise fail (found by tests/test_fuzz_schema.py)."""
+    counts = [usage.get(k) for k in ("complete_count", "pinned_count")] if isinstance(usage, dict) else []
+    if any(isinstance(count, int) and count > INT32_MAX for count in counts):
+        raise ServiceError(f"usage counts complete_count and pinned_count are whole numbers from 0 to {INT32_MAX}.",
+                           "invalid_usage", fields={"usage": ["Count out of range."]})

@@ -4,7 +4,6 @@ from __future__ import annotations
 from django.http import Http404
 from django.utils.translation import gettext as _
 
-from jobs.choices import SITE_WAITING_STATUSES
 from jobs.models import Job
 from mado import access as identity
 from mado.choices import Role
@@ -57,14 +56,3 @@ def stop_refusal(user, job: Job, *, is_project_admin: bool | None = None) -> str
     if job.stop_requested_at:
         return _("Stop requested")
     return None
-
-
-def apply_site_deadlines(jobs) -> bool:
-    """Before showing `jobs` (a queryset or one Job): when any waits on a site, end those past their
-    deadline (sites.submissions.expire_overdue, at most once a second). True when rows may have changed,
-    so the caller reads them again. Manual sites have no launcher polling, so reads must do this."""
-    from sites.submissions import expire_overdue
-
-    waiting = (jobs.status in SITE_WAITING_STATUSES if isinstance(jobs, Job)
-               else jobs.filter(status__in=SITE_WAITING_STATUSES).exists())
-    return bool(waiting and expire_overdue())

@@ -10,7 +10,15 @@ from rest_framework.views import APIView
 from jobs import access, outputs, services, waiting
 from jobs.choices import JobStatus, Stream
 from jobs.models import Job
-from jobs.serializers import artifact_body, job_body, log_body, metric_body
+from jobs.serializers import (
+    JobCreateSerializer,
+    JobLogsSerializer,
+    JobMetricsSerializer,
+    artifact_body,
+    job_body,
+    log_body,
+    metric_body,
+)
 from mado import access as identity
 from mado.api.views import json_object, project_for
 from mado.choices import Role, Scope
@@ -52,12 +60,13 @@ def _own_job_token(request, job) -> None:
 class ProjectJobsView(APIView):
     required_scopes = {"GET": Scope.READ, "POST": Scope.JOBS_WRITE}
 
-    @extend_schema(operation_id="project_jobs_list", responses=OpenApiTypes.OBJECT)
+    @extend_schema(operation_id="project_jobs_list", responses=OpenApiTypes.OBJECT, parameters=[
+        OpenApiParameter("status", str, description="Only jobs in this status (queued, running, finished, …)."),
+        OpenApiParameter("before", int, description="Only jobs with a smaller id: the previous page's next.")])
     def get(self, request, project):
         project = project_for(request, project)
         jobs = (access.visible_in(request.user, project).select_related("project", "target", "created_by", "worker")
                 .prefetch_related(PREFETCH_JOB_INPUTS))
-        access.apply_site_deadlines(jobs)  # site Jobs past their deadlines show as ended
         status = request.query_params.get("status")
         if status:
             jobs = jobs.filter(status=status)
@@ -71,7 +80,7 @@ class ProjectJobsView(APIView):
                                    for job in page],
                          "next": page[-1].pk if len(page) == JOB_PAGE else None})
 
-    @extend_schema(request=OpenApiTypes.OBJECT, responses={201: OpenApiTypes.OBJECT})
+    @extend_schema(request=JobCreateSerializer, responses={201: OpenApiTypes.OBJECT})
     def post(self, request, project):
         project = project_for(request, project, Role.MEMBER)
         job = services.create_job(Actor.from_request(request), project, json_object(request))
@@ -82,8 +91,6 @@ class JobView(APIView):
     @extend_schema(responses=OpenApiTypes.OBJECT)
     def get(self, request, pk):
         job = _job(request, pk)
-        if access.apply_site_deadlines(job):
-            job = _job(request, pk)
         body = job_body(request.user, job)
         body["submission"] = submission_summary(job)  # site Jobs: scheduler id, job shell version; else null
         return Response(body)
@@ -134,7 +141,7 @@ class JobLogsView(APIView):
         return Response({"items": [log_body(c) for c in chunks], "next": chunks[-1].pk if chunks else after,
                          "status": job.status})
 
-    @extend_schema(request=OpenApiTypes.OBJECT, responses=OpenApiTypes.OBJECT)
+    @extend_schema(request=JobLogsSerializer, responses=OpenApiTypes.OBJECT)
     def post(self, request, pk):
         job = _job(request, pk)
         _own_job_token(request, job)
@@ -151,7 +158,7 @@ class JobMetricsView(APIView):
         job = _job(request, pk)
         return Response({"items": [metric_body(m) for m in job.metrics.all()[:10000]], "next": None})
 
-    @extend_schema(request=OpenApiTypes.OBJECT, responses=OpenApiTypes.OBJECT)
+    @extend_schema(request=JobMetricsSerializer, responses=OpenApiTypes.OBJECT)
     def post(self, request, pk):
         job = _job(request, pk)
         _own_job_token(request, job)

@@ -3,7 +3,6 @@ such as 2h30m) into the data jobs.services.create_job takes; the service decides
 (which computer, runtime and GPUs) and its refusals are shown under the fields."""
 from __future__ import annotations
 
-import json
 import re
 import shlex
 
@@ -18,7 +17,7 @@ from jobs import hooks
 from jobs.choices import MAX_CLUSTER_SIZE, ClusterMode
 from jobs.services import CONTAINER_RUNTIMES, MAX_SITE_GPUS
 from mado.forms import add_service_error as shared_add_service_error
-from mado.validation import BIGINT_MAX, as_int
+from mado.validation import BIGINT_MAX, JsonRefused, as_int, loads_storable
 
 # Service error fields that have a different name in this form.
 SERVICE_FIELDS = {"walltime_seconds": "walltime"}
@@ -164,7 +163,10 @@ class JobForm(forms.Form):
         if not text:
             return {}
         try:
-            value = json.loads(text)
+            # The API's rules for stored JSON: finite numbers, bounded nesting, no lone surrogates.
+            value = loads_storable(text)
+        except JsonRefused as refused:
+            raise forms.ValidationError(refused.message)
         except ValueError as error:
             raise forms.ValidationError(_("This is not valid JSON: %(error)s") % {"error": error})
         if not isinstance(value, dict):

@@ -1,11 +1,17 @@
-"""JSON shapes of jobs for people, for workers, and of their logs and metrics."""
+"""JSON shapes of jobs for people, for workers, and of their logs and metrics; and the request bodies
+of the jobs API, for the OpenAPI schema."""
 from __future__ import annotations
 
 from django.conf import settings
+from rest_framework import serializers
 
+from computers.choices import Runtime
 from datasets import services as dataset_services
 from jobs import access, cluster, waiting
+from jobs.choices import MAX_CLUSTER_SIZE, ClusterMode, Stream
 from jobs.models import Job
+from jobs.services import MAX_METRICS_PER_CALL, MAX_SITE_GPUS, MAX_WALLTIME
+from mado.validation import BIGINT_MAX
 
 
 def job_body(user, job: Job, *, is_project_admin: bool | None = None, waiting_reasons: dict | None = None) -> dict:
@@ -136,3 +142,73 @@ def artifact_body(artifact) -> dict:
     return {"path": artifact.path, "size": artifact.size, "sha256": artifact.sha256, "mime_type": artifact.mime_type,
             "complete": artifact.complete,
             "download": f"/api/jobs/{artifact.job_id}/artifacts/{artifact.path}" if artifact.complete else None}
+
+
+# Request bodies, for the OpenAPI schema (issue 14: every endpoint with its real request body). The
+# validation itself stays in jobs.services, so the API and the pages give the same messages.
+
+
+class JobSourceSerializer(serializers.Serializer):
+    kind = serializers.ChoiceField(choices=["git", "archive"])
+    url = serializers.CharField(required=False, help_text="git: the repository URL.")
+    ref = serializers.CharField(required=False, help_text="git: a branch, tag or commit (default HEAD).")
+    id = serializers.IntegerField(required=False, min_value=1, max_value=BIGINT_MAX,
+                                  help_text="archive: the id PUT /api/projects/{project}/sources answered.")
+
+
+class JobCreateSerializer(serializers.Serializer):
+    name = serializers.CharField(required=False, allow_blank=True, max_length=200)
+    computer = serializers.IntegerField(required=False, min_value=1, max_value=BIGINT_MAX,
+                                        help_text="The computer's id; a multi-node cluster job names a "
+                                                  "compute_group instead.")
+    compute_group = serializers.CharField(required=False, help_text="A compute group's id or name (multi-node).")
+    runtime = serializers.ChoiceField(choices=Runtime.choices, required=False, default=Runtime.PYTHON)
+    image = serializers.CharField(required=False, allow_blank=True, help_text="docker, apptainer, singularity.")
+    command = serializers.ListField(child=serializers.CharField(), min_length=1,
+                                    help_text="The argv, such as [\"python\", \"train.py\"]; a string is split "
+                                              "like a shell line.")
+    source = JobSourceSerializer(required=False, allow_null=True)
+    requirements = serializers.CharField(required=False, allow_blank=True, max_length=64 * 1024)
+    gpu_ids = serializers.ListField(child=serializers.CharField(), required=False,
+                                    help_text="SSH and Local computers: which of the computer's GPUs.")
+    gpu_count = serializers.IntegerField(required=False, allow_null=True, min_value=0, max_value=MAX_SITE_GPUS,
+                                         help_text="Sites only: how many GPUs the scheduler gives.")
+    parameters = serializers.DictField(required=False, help_text="Any JSON object.")
+    env = serializers.DictField(child=serializers.CharField(), required=False,
+                                help_text="Variable names (letters, digits, _) to strings; not MMT_, MLFLOW_, "
+                                          "CUDA_ or NVIDIA_ ones.")
+    walltime_seconds = serializers.IntegerField(required=False, allow_null=True, min_value=1,
+                                                max_value=MAX_WALLTIME)
+    cluster_size = serializers.IntegerField(required=False, min_value=1, max_value=MAX_CLUSTER_SIZE)
+    cluster_mode = serializers.ChoiceField(choices=ClusterMode.choices, required=False)
+    gpus_per_replica = serializers.IntegerField(required=False, min_value=0, max_value=cluster.MAX_GPUS_PER_REPLICA)
+    input_datasets = serializers.ListField(child=serializers.IntegerField(min_value=1, max_value=BIGINT_MAX),
+                                           required=False, max_length=dataset_services.MAX_INPUTS,
+                                           help_text="Complete dataset version ids the job reads.")
+    notify_me = serializers.BooleanField(required=False,
+                                         help_text="E-mail the creator when the job finishes or fails.")
+
+
+class LogChunkSerializer(serializers.Serializer):
+    stream = serializers.ChoiceField(choices=Stream.choices,
+                                     help_text="Workers write stdout and stderr; a job token writes app.")
+    offset = serializers.IntegerField(min_value=0, max_value=BIGINT_MAX,
+                                      help_text="The byte offset of data in its stream; a chunk resent with the "
+                                                "same offset is stored once.")
+    data = serializers.CharField(allow_blank=True, trim_whitespace=False, help_text="Text, at most 1 MiB.")
+    replica = serializers.CharField(required=False, help_text="A cluster job's replica (default main1).")
+
+
+class JobLogsSerializer(serializers.Serializer):
+    chunks = LogChunkSerializer(many=True)
+
+
+class MetricPointSerializer(serializers.Serializer):
+    name = serializers.CharField(max_length=200)
+    value = serializers.FloatField(help_text="A finite number.")
+    step = serializers.IntegerField(required=False, default=0, min_value=0, max_value=2**53 - 1)
+    timestamp = serializers.DateTimeField(required=False, help_text="ISO 8601; the time it arrives when absent.")
+
+
+class JobMetricsSerializer(serializers.Serializer):
+    metrics = serializers.ListField(child=MetricPointSerializer(), max_length=MAX_METRICS_PER_CALL)

@@ -1,14 +1,23 @@
-from rest_framework.exceptions import ParseError
-from rest_framework.parsers import JSONParser
+from __future__ import annotations
 
-from mado.validation import has_nul
+from rest_framework.exceptions import ParseError
+from rest_framework.parsers import JSONParser, get_encoding
+from rest_framework.utils import json
+
+from mado.validation import JsonRefused, loads_storable
 
 
 class StrictJSONParser(JSONParser):
-    """JSON bodies without NUL characters: they cannot be stored, so they are refused up front."""
+    """JSON bodies that can be stored and answered (mado.validation.loads_storable: finite numbers, at
+    most 64 levels of nesting, no NUL characters, no lone surrogates), or a 400 saying what to fix, so
+    no endpoint ever sees the rest."""
 
     def parse(self, stream, media_type=None, parser_context=None):
-        data = super().parse(stream, media_type, parser_context)
-        if has_nul(data):
-            raise ParseError("Remove the NUL characters (\\u0000) from the request body.")
-        return data
+        encoding = get_encoding(parser_context or {})
+        try:
+            return loads_storable(stream.read().decode(encoding),
+                                  parse_constant=json.strict_constant if self.strict else None)
+        except JsonRefused as refused:
+            raise ParseError(refused.message, code=refused.code) from None
+        except ValueError as exc:  # not JSON, or not in the request's charset
+            raise ParseError(f"JSON parse error - {exc}") from None

@@ -145,7 +145,7 @@ def test_bad_site_changes_get_4xx_and_change_nothing(world, site_fields, raw):
     target = site_services.create_site(services.Actor(world.global_admin), site_fields())
     before = SiteSettings.objects.filter(target=target).values().get()
     response = session(world.global_admin).patch(f"/api/sites/{target.pk}", data=raw, content_type="application/json")
-    assert_error(response, 422)
+    assert_error(response, 400 if "e999" in raw else 422)  # numbers beyond a double are refused by the parser
     assert SiteSettings.objects.filter(target=target).values().get() == before
     created = session(world.global_admin).post("/api/sites", data=json.dumps(site_fields(name="other"))[:-1] + ", "
                                                + raw[1:], content_type="application/json")
@@ -156,3 +156,156 @@ def test_bad_site_changes_get_4xx_and_change_nothing(world, site_fields, raw):
 def test_dataset_keys_that_are_not_ascii_numbers_get_404(world, key):
     response = session(world.member).get(f"/api/projects/lab/datasets/{key}")
     assert_error(response, 404)
+
+
+# Issue 14: inputs that answered 500 ---------------------------------------------------------------
+
+def nested(depth: int) -> str:
+    """A JSON value `depth` arrays deep, as raw text (json.dumps itself would recurse)."""
+    return "[" * depth + "]" * depth
+
+
+def raw_post(client: APIClient, path: str, text: str, method: str = "post"):
+    return getattr(client, method)(path, data=text, content_type="application/json")
+
+
+def test_json_nested_a_thousand_deep_is_refused_with_400_on_every_kind_of_endpoint(world, gpu_box, job_worker):
+    deep = '{"a": ' + nested(1000) + "}"
+    calls = [
+        (session(world.member), "/api/projects/lab/jobs", "post"),
+        (session(world.global_admin), f"/api/computers/{gpu_box.pk}", "patch"),
+        (session(world.global_admin), "/api/computers", "post"),
+        (session(world.member), "/api/projects/lab/datasets", "post"),
+        (session(world.project_admin), "/api/projects/lab/tokens", "post"),
+        (job_worker.client, "/api/worker/hello", "post"),
+        (job_worker.client, "/api/worker/claim", "post"),
+    ]
+    for client, path, method in calls:
+        body = assert_error(raw_post(client, path, deep, method), 400, "nesting_too_deep")
+        assert "64" in body["error"], body
+
+
+def test_job_parameters_may_nest_64_levels_but_not_65(world, gpu_box):
+    def request_with(depth: int) -> str:  # the body object and its parameters object are two levels
+        return json.dumps(job_request(gpu_box))[:-1] + ', "parameters": {"p": ' + nested(depth - 2) + "}}"
+
+    client = session(world.member)
+    assert raw_post(client, "/api/projects/lab/jobs", request_with(64)).status_code == 201
+    assert_error(raw_post(client, "/api/projects/lab/jobs", request_with(65)), 400, "nesting_too_deep")
+
+
+@pytest.mark.parametrize("number", ["1e999", "-1e999", "1E400"])
+def test_numbers_beyond_a_double_are_refused_with_400_before_they_reach_a_json_column(world, gpu_box, number):
+    from jobs.models import Job
+
+    text = json.dumps(job_request(gpu_box))[:-1] + f', "parameters": {{"lr": {number}}}}}'
+    body = assert_error(raw_post(session(world.member), "/api/projects/lab/jobs", text), 400, "number_out_of_range")
+    assert number in body["error"]
+    assert not Job.objects.exists()
+
+
+SURROGATE = "x\ud800y"
+
+
+@pytest.mark.parametrize("extra", [{"name": SURROGATE}, {"command": ["python", SURROGATE]},
+                                   {"env": {"A": SURROGATE}}, {"env": {SURROGATE: "1"}},
+                                   {"parameters": {"lr": [SURROGATE]}}])
+def test_lone_surrogates_in_a_job_request_are_refused_with_400(world, gpu_box, extra):
+    from jobs.models import Job
+
+    text = json.dumps(job_request(gpu_box, **extra))  # json.dumps writes a lone surrogate as the escape \ud800
+    assert "\\ud800" in text
+    body = assert_error(raw_post(session(world.member), "/api/projects/lab/jobs", text), 400, "invalid_characters")
+    assert "surrogate" in body["error"]
+    assert not Job.objects.exists()
+
+
+def test_a_lone_low_surrogate_is_refused_but_a_surrogate_pair_is_a_character(world, gpu_box):
+    client = session(world.member)
+    assert_error(raw_post(client, "/api/projects/lab/jobs", json.dumps(job_request(gpu_box, name="a\udc00"))), 400,
+                 "invalid_characters")
+    pair = raw_post(client, "/api/projects/lab/jobs", json.dumps(job_request(gpu_box, name="smile \U0001F600")))
+    assert pair.status_code == 201 and pair.json()["name"] == "smile \U0001F600"
+
+
+def test_lone_surrogates_are_refused_in_datasets_hello_and_computers(world, gpu_box):
+    admin = session(world.global_admin)
+    calls = [
+        (session(world.member), "/api/projects/lab/datasets", {"name": "speech", "description": SURROGATE}, "post"),
+        (ScriptedWorker(world.worker_token).client, "/api/worker/hello",
+         {"worker_id": "w1", "version": "1", "hostname": SURROGATE}, "post"),
+        (admin, "/api/computers", {"name": "new-box", "host": "h.example", "ssh_user": "u",
+                                   "working_dir": "/w" + SURROGATE}, "post"),
+        (admin, f"/api/computers/{gpu_box.pk}", {"working_dir": "/w" + SURROGATE}, "patch"),
+    ]
+    before = ComputeTarget.objects.filter(pk=gpu_box.pk).values().get()
+    for client, path, body, method in calls:
+        assert_error(raw_post(client, path, json.dumps(body), method), 400, "invalid_characters")
+    assert ComputeTarget.objects.filter(pk=gpu_box.pk).values().get() == before
+    assert ComputeTarget.objects.count() == 1
+
+
+@pytest.fixture
+def claimed(world, gpu_box, job_worker):
+    session(world.member).post("/api/projects/lab/jobs", job_request(gpu_box), format="json")
+    item = job_worker.claim()
+    job_worker.heartbeat(item, "running")
+    return item
+
+
+@pytest.mark.parametrize("call,body", [
+    ("logs", {"chunks": [{"stream": "app", "offset": 0, "data": SURROGATE}]}),
+    ("metrics", {"metrics": [{"name": SURROGATE, "value": 1.0, "step": 1}]}),
+])
+def test_lone_surrogates_in_job_token_logs_and_metrics_are_refused(claimed, call, body):
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {claimed['job_token']}")
+    assert_error(raw_post(client, f"/api/jobs/{claimed['id']}/{call}", json.dumps(body)), 400, "invalid_characters")
+
+
+@pytest.mark.parametrize("body", [
+    {"result": '{"version": 2, "note": "\ud800"}', "files": []},
+    {"result": "{}", "files": [{"path": SURROGATE, "size": 1}]},
+    {"result": "{}", "files": [], "manifest": SURROGATE},
+])
+def test_lone_surrogates_in_worker_outputs_are_refused(claimed, job_worker, body):
+    text = json.dumps({"worker_id": job_worker.worker_id, "lease_id": claimed["lease_id"], **body})
+    assert_error(raw_post(job_worker.client, f"/api/worker/jobs/{claimed['id']}/outputs", text), 400,
+                 "invalid_characters")
+
+
+@pytest.mark.parametrize("stamp", ["9999-12-31T23:59:59-23:59", "0001-01-01T00:00:00+23:59",
+                                   "9999-12-31T23:59:59.999999-00:01"])
+def test_metric_timestamps_beyond_the_representable_range_get_422(claimed, job_worker, stamp):
+    point = {"name": "loss", "value": 1.0, "step": 1, "timestamp": stamp}
+    assert_error(job_worker.leased(claimed, "metrics", metrics=[point]), 422, "invalid_metric")
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {claimed['job_token']}")
+    assert_error(client.post(f"/api/jobs/{claimed['id']}/metrics", {"metrics": [point]}, format="json"), 422,
+                 "invalid_metric")
+
+
+def test_site_checks_of_a_computer_that_is_not_a_site_are_404(world, gpu_box):
+    from computers.models import ConnectionCheck
+
+    client = session(world.global_admin)
+    assert client.post(f"/settings/computers/{gpu_box.pk}/site-checks", {"mine": "0"}).status_code == 404
+    check = ConnectionCheck.objects.create(target=gpu_box, requested_by=world.global_admin)
+    assert client.get(f"/settings/computers/{gpu_box.pk}/site-checks/{check.pk}").status_code == 404
+    assert client.get(f"/settings/computers/{gpu_box.pk}/site-checks/{check.pk + 1}").status_code == 404
+
+
+def test_answers_that_carry_a_new_token_are_never_cached(world):
+    personal = session(world.member).post("/api/projects/lab/tokens", {"scopes": ["read"]}, format="json")
+    assert personal.status_code == 201 and personal["Cache-Control"] == "no-store"
+    account = world.service_account
+    issued = session(world.project_admin).post(f"/api/projects/lab/service-accounts/{account.pk}/tokens",
+                                               {"scopes": ["read"]}, format="json")
+    assert issued.status_code == 201 and issued["Cache-Control"] == "no-store"
+
+
+def test_dataset_cache_counts_beyond_32_bits_get_422(claimed, job_worker):
+    """Found by the fuzzer (tests/test_fuzz_schema.py): the report's count columns are 32-bit."""
+    usage = {"used_bytes": 2**40, "limit_bytes": 2**41, "complete_count": 2**31, "pinned_count": 0}
+    assert_error(job_worker.leased(claimed, "dataset-cache", usage=usage), 422, "invalid_usage")
+    assert job_worker.leased(claimed, "dataset-cache", usage={**usage, "complete_count": 2**31 - 1}).status_code == 200

@@ -167,6 +167,20 @@ class TestPermissions:
         assert not Job.objects.exists()
 
 
+@pytest.mark.parametrize("parameters,text", [
+    ('{"lr": 1e999}', "beyond the range"),
+    ('{"lr": "\\ud800"}', "lone surrogate"),
+    ("[" * 5000 + "]" * 5000, "more than 64 levels"),
+])
+def test_parameters_the_database_cannot_hold_are_a_form_error_not_a_500(client, world, gpu_box, parameters, text):
+    signed_in(client, world.member)
+    response = client.post(reverse("job-create", args=["lab"]), {
+        "computer": gpu_box.pk, "runtime": "python", "command": "python train.py", "parameters": parameters})
+    assert response.status_code == 200
+    assert text in field_errors(html(response), "parameters")
+    assert not Job.objects.exists()
+
+
 # The New job form -------------------------------------------------------------------------------
 
 class TestNewJobForm:

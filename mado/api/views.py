@@ -15,6 +15,8 @@ from mado.api import serializers as s
 from mado.choices import Role, Scope
 from mado.models import ApiToken, Project, ServiceAccount
 
+NO_STORE = {"Cache-Control": "no-store"}  # answers that carry a plaintext token are never cached
+
 
 def project_for(request, key: str, minimum: str = Role.VIEWER) -> Project:
     """The project named in the path, if the caller may see it with at least `minimum`; the token, if
@@ -137,7 +139,7 @@ class ServiceAccountTokenView(APIView):
         token, plaintext = services.issue_service_account_token(
             services.Actor.from_request(request), account, **data
         )
-        return Response(s.issued_token_body(token, plaintext), status=201)
+        return Response(s.issued_token_body(token, plaintext), status=201, headers=NO_STORE)
 
 
 class ServiceAccountDisableView(APIView):
@@ -170,7 +172,7 @@ class ProjectTokenView(APIView):
         token, plaintext = services.issue_personal_token(
             services.Actor.from_request(request), project, ceiling=token_scopes(request), **data
         )
-        return Response(s.issued_token_body(token, plaintext), status=201)
+        return Response(s.issued_token_body(token, plaintext), status=201, headers=NO_STORE)
 
 
 class TokenRevokeView(APIView):
