@@ -17,7 +17,7 @@ class ResponsiveFilter(admin.SimpleListFilter):
     parameter_name = "heartbeat"
 
     def lookups(self, request, model_admin):
-        return [("not_responding", "Not responding")]
+        return [("not_responding", "No response")]
 
     def queryset(self, request, queryset):
         if self.value() == "not_responding":
@@ -72,7 +72,7 @@ class JobAdmin(ServiceActionMixin, ReadOnlyAdmin):
             results |= queryset.filter(pk=int(term))
         return results, may_have_duplicates
 
-    @admin.display(description="Not responding", boolean=True)
+    @admin.display(description="No response", boolean=True)
     def not_responding(self, job):
         return job.is_unresponsive
 
@@ -81,7 +81,7 @@ class JobAdmin(ServiceActionMixin, ReadOnlyAdmin):
         self.apply_service(request, queryset, services.request_stop, done="Requested stop of {count} job(s).",
                            name=_job_name)
 
-    @admin.action(description="Mark the selected Not responding jobs as lost (ends them failed, frees their GPUs)")
+    @admin.action(description="Mark the selected No response jobs as lost (ends them failed, frees their GPUs)")
     def mark_lost(self, request, queryset):
         self.apply_service(request, queryset, services.mark_lost, done="Marked {count} job(s) as lost.",
                            name=_job_name)

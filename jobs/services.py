@@ -488,7 +488,7 @@ def mark_lost(actor: Actor, job: Job) -> Job:
         if job.is_terminal:
             raise Conflict(f"This job already ended ({job.status}).", "job_ended")
         if not job.is_unresponsive:
-            raise Conflict("Only a Job that is Not responding (no heartbeat for 60 s while claimed or running) can "
+            raise Conflict("Only a Job that shows No response (no heartbeat for 60 s while claimed or running) can "
                            "be marked as lost; this one is not.", "job_responding")
         worker = job.worker
         _finish(job, JobStatus.FAILED, EndReason.WORKER_LOST,

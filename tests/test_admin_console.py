@@ -237,7 +237,7 @@ def test_mark_as_lost_ends_a_not_responding_job_and_refuses_a_responding_one(roo
 
     assert ("success", "Marked 1 job(s) as lost.") in notes
     errors = [text for level, text in notes if level == "error"]
-    assert len(errors) == 1 and errors[0].startswith(f"Job {fresh.pk}:") and "Not responding" in errors[0]
+    assert len(errors) == 1 and errors[0].startswith(f"Job {fresh.pk}:") and "No response" in errors[0]
     silent.refresh_from_db()
     fresh.refresh_from_db()
     assert silent.status == "failed" and silent.end_reason == "worker_lost"

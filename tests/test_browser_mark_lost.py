@@ -61,7 +61,7 @@ def test_a_project_admin_marks_a_not_responding_job_as_lost_in_chromium(
     browser.goto(f"/projects/lab/jobs/{job.pk}/")
     head = page.locator("#job-head")
     expect(head).to_contain_text("Claimed")
-    expect(head).to_contain_text("Not responding")
+    expect(head).to_contain_text("No response")
     page.evaluate("window.__sameDocument = true")
 
     head.get_by_role("link", name="Mark as lost").click()

@@ -307,11 +307,11 @@ class TestJobsList:
     def test_a_job_without_heartbeat_for_60_seconds_shows_not_responding(self, client, world, gpu_box, job_worker):
         job, _ = running_job(world, gpu_box, job_worker, gpu_ids=["0"])
         signed_in(client, world.member)
-        assert "Not responding" not in row_of(html(client.get(urls(job)["list"])), job)
+        assert "No response" not in row_of(html(client.get(urls(job)["list"])), job)
         Job.objects.filter(pk=job.pk).update(heartbeat_at=timezone.now() - timedelta(seconds=61))
         row = row_of(html(client.get(urls(job)["list"])), job)
-        assert "Not responding" in row and "Running" in row  # shown, never acted on
-        assert "Not responding" in html(client.get(urls(job)["detail"]))
+        assert "No response" in row and "Running" in row  # shown, never acted on
+        assert "No response" in html(client.get(urls(job)["detail"]))
         job.refresh_from_db()
         assert job.status == "running" and list(job.gpu_reservations.values_list("gpu_id", flat=True)) == ["0"]
 

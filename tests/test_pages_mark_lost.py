@@ -47,16 +47,16 @@ def test_a_project_admin_sees_mark_as_lost_only_while_the_job_is_not_responding(
                                                                                   job_worker):
     job = claimed(world, gpu_box, job_worker, silent_for=timedelta(seconds=5))
     html = page(client, world.project_admin, job)
-    assert "Not responding" not in html and 'id="mark-lost"' not in html
+    assert "No response" not in html and 'id="mark-lost"' not in html
     Job.objects.filter(pk=job.pk).update(heartbeat_at=timezone.now() - timedelta(seconds=90))
     html = page(client, world.project_admin, job)
-    assert "Not responding" in html and 'id="mark-lost"' in html and lost_url(job) in html
+    assert "No response" in html and 'id="mark-lost"' in html and lost_url(job) in html
 
 
 def test_members_and_the_creator_see_no_button_and_are_refused(world, client, gpu_box, job_worker):
     job = claimed(world, gpu_box, job_worker)
     html = page(client, world.member, job)  # the creator, a member: stop yes, mark as lost no
-    assert "Not responding" in html and 'id="mark-lost"' not in html and "Request stop" in html
+    assert "No response" in html and 'id="mark-lost"' not in html and "Request stop" in html
     assert client.get(lost_url(job), **HTMX).status_code == 403
     assert client.post(lost_url(job), **HTMX).status_code == 403
     client.force_login(world.outsider)
