@@ -30,6 +30,7 @@ peers:
 	test -x /usr/sbin/sge_execd || missing="$$missing gridengine-exec"; \
 	command -v dockerd >/dev/null || missing="$$missing docker.io"; \
 	test -x /bin/busybox || missing="$$missing busybox-static"; \
+	test -d /usr/share/fonts/opentype/noto || missing="$$missing fonts-noto-cjk"; \
 	if [ -n "$$missing" ]; then \
 	  echo "Installing from Debian:$$missing"; \
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
@@ -40,10 +41,13 @@ migrate: venv
 	MADO_DEBUG=true MADO_DEV_MODE=true $(PY) manage.py migrate --no-input
 
 # The demo: server on 127.0.0.1:8000 plus one local worker for the Local computer and the periodic
-# runner (time-based rules, notifications); Ctrl-C stops all three.
+# runner (time-based rules, notifications); Ctrl-C stops all three. The worker serves the Local computer
+# by id (MMT_WORKER_TARGET_IDS, which `manage.py demo` writes to var/worker-target-ids), so the checks
+# of its details, which name no worker, reach it (seed 002).
 run: migrate
 	MADO_DEBUG=true MADO_DEV_MODE=true $(PY) manage.py demo
 	@MADO_DEV_MODE=true MMT_ALLOW_LOCAL_EXECUTOR=true MMT_API_URL=http://127.0.0.1:8000 \
+	  MMT_WORKER_TARGET_IDS="$$(cat $(CURDIR)/var/worker-target-ids)" \
 	  MMT_API_TOKEN_FILE=$(CURDIR)/var/worker-token MMT_WORKER_ID=local-worker MMT_WORKER_STATE_DIR=$(CURDIR)/var/worker-state \
 	  $(VENV)/bin/mado-tracking-worker run > var/worker.log 2>&1 & worker=$$!; \
 	  echo "Local worker started (log: var/worker.log)."; \

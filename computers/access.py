@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from django.db.models import Q, QuerySet
 from django.http import Http404
+from django.utils.translation import gettext as _
 
 from computers.choices import Kind, Visibility
 from computers.models import ComputeTarget
@@ -46,6 +47,25 @@ def served_by_worker(worker_user) -> QuerySet[ComputeTarget]:
     return usable_by(worker_user).filter(kind__in=[Kind.SSH, Kind.LOCAL])
 
 
+def unnamed_checks_served_by(worker) -> QuerySet[ComputeTarget]:
+    """The computers whose checks that name no worker this worker takes (seed 002): those in its
+    MMT_WORKER_TARGET_IDS that it serves at all. A worker without target ids takes only the checks that
+    name it. The claim and the refusal at request time both ask this."""
+    if not worker.target_ids:
+        return ComputeTarget.objects.none()
+    return served_by_worker(worker.account).filter(pk__in=worker.target_ids)
+
+
+def workers_for_unnamed_check(target: ComputeTarget) -> list:
+    """Online workers that would take a check of `target` that names no worker."""
+    from workers.models import Worker
+
+    # Target ids filtered in Python: SQLite (the demo database) has no JSON containment lookup.
+    return [w for w in Worker.objects.online().select_related("account").order_by("worker_id")
+            if w.target_ids and target.pk in w.target_ids
+            and unnamed_checks_served_by(w).filter(pk=target.pk).exists()]
+
+
 def can_manage(user, target: ComputeTarget) -> bool:
     if not user.is_authenticated or identity.is_job_principal(user):
         return False  # a job's code never sees connection details, not even of its creator's computer
@@ -76,7 +96,7 @@ def detail_for(user, pk: int) -> ComputeTarget:
     """A computer the user may use or manage; otherwise 404, so unusable computers' details do not leak."""
     target = ComputeTarget.objects.select_related("owner", "last_check_worker").filter(pk=pk).first()
     if target is None or not (can_manage(user, target) or can_use(user, target)):
-        raise Http404("No computer with this id that you can use or manage.")
+        raise Http404(_("No computer with this id that you can use or manage."))
     return target
 
 
@@ -86,7 +106,7 @@ def managed_for(user, pk: int) -> ComputeTarget:
 
     target = detail_for(user, pk)
     if not can_manage(user, target):
-        raise PermissionDenied("Only the computer's owner and global administrators can change or check it.")
+        raise PermissionDenied(_("Only the computer's owner and global administrators can change or check it."))
     return target
 
 

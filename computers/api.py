@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from django.shortcuts import get_object_or_404
+from django.utils.translation import gettext as _
 from drf_spectacular.utils import OpenApiTypes, extend_schema
 from rest_framework import exceptions
 from rest_framework.response import Response
@@ -34,16 +35,18 @@ def online_worker(data: dict) -> Worker | None:
     if pk is not None:
         worker = online.filter(pk=pk).first()
         if worker is None:
-            raise exceptions.ValidationError({"worker": [f"No online worker with id {pk}; start it and press "
-                                                         "Refresh workers."]})
+            raise exceptions.ValidationError({"worker": [
+                _("No online worker with id %(id)s; start it and press Refresh workers.") % {"id": pk}]})
         return worker
     found = list(online.filter(worker_id=name)[:2])
     if not found:
-        raise exceptions.ValidationError({"worker_id": [f"No online worker {name}; start it and press Refresh workers."]})
+        raise exceptions.ValidationError({"worker_id": [
+            _("No online worker %(name)s; start it and press Refresh workers.") % {"name": name}]})
     if len(found) > 1:
         raise exceptions.ValidationError({"worker_id": [
-            f"More than one online worker is named {name} (in {', '.join(w.project.slug for w in found)}); "
-            "name it by id instead: send worker with the id from GET /api/workers."]})
+            _("More than one online worker is named %(name)s (in %(projects)s); name it by id instead: send "
+              "worker with the id from GET /api/workers.") % {"name": name,
+                                                              "projects": ", ".join(w.project.slug for w in found)}]})
     return found[0]
 
 
@@ -87,7 +90,7 @@ class CheckListView(APIView):
         serializer.is_valid(raise_exception=True)
         chosen = serializer.validated_data
         if (chosen.get("worker_id") or chosen.get("worker") is not None) and not access.can_choose_worker(request.user):
-            raise exceptions.PermissionDenied("Only global administrators can choose the worker for a check.")
+            raise exceptions.PermissionDenied(_("Only global administrators can choose the worker for a check."))
         check = services.request_check(Actor.from_request(request), target, online_worker(chosen))
         return Response(check_body(check), status=201)
 
@@ -107,7 +110,7 @@ class ReadListView(APIView):
     @extend_schema(request=ReadRequestSerializer, responses={201: OpenApiTypes.OBJECT})
     def post(self, request, pk):
         if not access.can_choose_worker(request.user):
-            raise exceptions.PermissionDenied("Only global administrators can read directories through a worker.")
+            raise exceptions.PermissionDenied(_("Only global administrators can read directories through a worker."))
         target = access.managed_for(request.user, pk)
         serializer = ReadRequestSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
@@ -121,7 +124,7 @@ class ReadDetailView(APIView):
     @extend_schema(responses=OpenApiTypes.OBJECT)
     def get(self, request, pk, read_id):
         if not access.can_choose_worker(request.user):
-            raise exceptions.PermissionDenied("Only global administrators can read directories through a worker.")
+            raise exceptions.PermissionDenied(_("Only global administrators can read directories through a worker."))
         target = access.managed_for(request.user, pk)
         read = get_object_or_404(DirectoryRead.objects.select_related("requested_worker"), pk=read_id, target=target)
         return Response(read_body(read))

@@ -12,6 +12,8 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.db.models import Q
 from django.utils import timezone
+from django.utils.translation import gettext as _
+from django.utils.translation import gettext_lazy
 
 from computers import locks
 from computers.choices import (
@@ -46,6 +48,14 @@ READS_CHANNEL = "mado_reads"
 _last_expiry = 0.0
 EDITABLE_FIELDS = ["name", "visibility", "enabled", *CONNECTION_FIELDS, "working_dir", "python_path", "cpu_arch",
                    "runtimes", "gpu_ids", "concurrency", "dataset_transfer", "dataset_cache_limit_gib"]
+# The locked fields by the names the Edit dialog gives them.
+LOCKED_LABELS = {
+    "kind": gettext_lazy("Type"), "host": gettext_lazy("Host"), "port": gettext_lazy("Port"),
+    "ssh_user": gettext_lazy("SSH user"), "ssh_key_path": gettext_lazy("SSH key path"),
+    "known_hosts_path": gettext_lazy("known_hosts path"), "runtimes": gettext_lazy("Supported runtimes"),
+    "gpu_ids": gettext_lazy("GPU IDs"), "dataset_transfer": gettext_lazy("Dataset transfer"),
+    "dataset_cache_limit_gib": gettext_lazy("Dataset cache limit (GiB)"),
+}
 SECRET_PATTERNS = [re.compile(r"mmtj?_[A-Za-z0-9_-]{16,}"), re.compile(r"PRIVATE KEY"),
                    re.compile(r"ssh-(ed25519|rsa|dss) AAAA")]
 
@@ -57,12 +67,12 @@ def register_computer(actor: Actor, data: dict) -> ComputeTarget:
     with a working directory and a Python path."""
     kind = data.get("kind") or Kind.SSH
     if kind == Kind.SITE:
-        raise ServiceError("Site computers are added with the site form, which arrives with Sites.", "kind_reserved",
-                           fields={"kind": ["Not available yet."]})
+        raise ServiceError(_("Sites are added with the site form (Type Site under Add computer) or POST /api/sites."),
+                           "kind_reserved", fields={"kind": [_("Use the site form or POST /api/sites.")]})
     from computers import access
 
     if actor.user is not None and not access.can_add(actor.user, kind):
-        raise Forbidden("Only global administrators can add SSH and Local computers.", "global_admin_required")
+        raise Forbidden(_("Only global administrators can add SSH and Local computers."), "global_admin_required")
     values = _clean({"kind": kind, **data}, target=None)
     try:
         with transaction.atomic():
@@ -70,8 +80,9 @@ def register_computer(actor: Actor, data: dict) -> ComputeTarget:
             audit(actor, "computer.create", target, after=_snapshot(target))
     except IntegrityError:
         # Two admins adding the same name at once: the case-insensitive unique index decides.
-        raise ServiceError(f"A computer named {values['name']} already exists; choose another name.",
-                           "invalid_computer", fields={"name": ["Already taken."]}) from None
+        raise ServiceError(
+            _("A computer named %(name)s already exists; choose another name.") % {"name": values["name"]},
+            "invalid_computer", fields={"name": [_("Already taken.")]}) from None
     if target.enabled:
         notify("mado_jobs")
     return target
@@ -81,11 +92,11 @@ def update_computer(actor: Actor, target: ComputeTarget, changes: dict) -> Compu
     from computers import access
 
     if actor.user is not None and not access.can_manage(actor.user, target):
-        raise Forbidden("Only the computer's owner and global administrators can change it.", "not_owner")
+        raise Forbidden(_("Only the computer's owner and global administrators can change it."), "not_owner")
     unknown = sorted(set(changes) - set(EDITABLE_FIELDS))
     if unknown:
-        raise ServiceError(f"These fields cannot be changed: {', '.join(unknown)}.", "read_only_fields",
-                           fields={name: ["Read only."] for name in unknown})
+        raise ServiceError(_("These fields cannot be changed: %(fields)s.") % {"fields": ", ".join(unknown)},
+                           "read_only_fields", fields={name: [_("Read only.")] for name in unknown})
     if set(changes) == {"enabled"}:
         return _set_enabled(actor, target, changes["enabled"])
     with transaction.atomic():
@@ -98,9 +109,10 @@ def update_computer(actor: Actor, target: ComputeTarget, changes: dict) -> Compu
         held = locks.locked_changes(target, changed, jobs)
         if held:
             raise Conflict(
-                f"Jobs {locks.describe_jobs(jobs)} are queued or running on this computer, so "
-                f"{', '.join(held)} cannot change now; save after the Jobs end.", "computer_in_use",
-                fields={name: ["Locked while Jobs use this computer."] for name in held})
+                _("Jobs %(jobs)s are queued or running on this computer, so %(fields)s cannot change now; save "
+                  "after the Jobs end.") % {"jobs": locks.describe_jobs(jobs),
+                                            "fields": ", ".join(str(LOCKED_LABELS.get(f, f)) for f in held)},
+                "computer_in_use", fields={name: [_("Locked while Jobs use this computer.")] for name in held})
         before = {k: _jsonable(getattr(target, k)) for k in changed}
         for field, value in changed.items():
             setattr(target, field, value)
@@ -119,15 +131,17 @@ def set_enabled(actor: Actor, target: ComputeTarget, enabled: bool) -> ComputeTa
 def _set_enabled(actor: Actor, target: ComputeTarget, enabled) -> ComputeTarget:
     """Only the enable rule applies: a Local computer can be disabled outside development mode too."""
     if not isinstance(enabled, bool):
-        raise ServiceError("enabled is true or false.", "invalid_computer", fields={"enabled": ["true or false"]})
+        raise ServiceError(_("enabled is true or false."), "invalid_computer",
+                           fields={"enabled": [_("true or false")]})
     with transaction.atomic():
         target = ComputeTarget.objects.select_for_update().get(pk=target.pk)
         if target.enabled == enabled:
             return target
         missing = [f for f in ("working_dir", "python_path") if not getattr(target, f)] if enabled else []
         if missing:
-            raise ServiceError("Enter the working directory and the Python executable path before enabling.",
-                               "invalid_computer", fields={f: ["Required to enable the computer."] for f in missing})
+            raise ServiceError(_("Enter the working directory and the Python executable path before enabling."),
+                               "invalid_computer",
+                               fields={f: [_("Required to enable the computer.")] for f in missing})
         target.enabled = enabled
         target.save(update_fields=["enabled", "updated_at"])
         _audit_changes(actor, target, {"enabled": not enabled}, {"enabled": enabled})
@@ -163,12 +177,12 @@ def clean_name_and_visibility(data: dict, errors: dict, *, current: ComputeTarge
     """The fields every kind of computer shares (SSH, Local and sites): a unique name, a visibility."""
     name = str(data.get("name") or "").strip()
     if not NAME_PATTERN.match(name):
-        errors["name"] = ["Use 1–64 letters, digits, '.', '_' or '-', starting with a letter or digit."]
+        errors["name"] = [_("Use 1–64 letters, digits, '.', '_' or '-', starting with a letter or digit.")]
     elif ComputeTarget.objects.filter(name__iexact=name).exclude(pk=current.pk if current else None).exists():
-        errors["name"] = [f"A computer named {name} already exists; choose another name."]
+        errors["name"] = [_("A computer named %(name)s already exists; choose another name.") % {"name": name}]
     visibility = data.get("visibility") or Visibility.PRIVATE
     if visibility not in Visibility.values:
-        errors["visibility"] = ["Visibility must be public or private."]
+        errors["visibility"] = [_("Visibility must be public or private.")]
     return {"name": name, "visibility": visibility}
 
 
@@ -178,9 +192,9 @@ def _clean(data: dict, *, target: ComputeTarget | None) -> dict:
     out: dict = {}
     kind = data.get("kind", Kind.SSH)
     if kind not in (Kind.SSH, Kind.LOCAL):
-        errors["kind"] = ["Type must be SSH or Local."]
+        errors["kind"] = [_("Type must be SSH or Local.")]
     elif kind == Kind.LOCAL and not settings.DEV_MODE:
-        errors["kind"] = ["Local computers exist only in development mode (MADO_DEV_MODE=true)."]
+        errors["kind"] = [_("Local computers exist only in development mode (MADO_DEV_MODE=true).")]
     out["kind"] = kind
 
     out.update(clean_name_and_visibility(data, errors, current=target))
@@ -188,31 +202,34 @@ def _clean(data: dict, *, target: ComputeTarget | None) -> dict:
     if kind == Kind.SSH:
         out["host"] = str(data.get("host") or "").strip()
         if not out["host"] or any(c.isspace() for c in out["host"]) or len(out["host"]) > 255:
-            errors["host"] = ["Enter the SSH host name or address."]
-        out["port"] = _int_in(data.get("port", 22), 1, 65535, "port", errors, "Port must be between 1 and 65535.")
+            errors["host"] = [_("Enter the SSH host name or address.")]
+        out["port"] = _int_in(data.get("port", 22), 1, 65535, "port", errors,
+                              _("Port must be between 1 and 65535."))
         out["ssh_user"] = str(data.get("ssh_user") or "").strip()
         if not re.match(r"^[A-Za-z_][A-Za-z0-9_.-]{0,63}$", out["ssh_user"]):
-            errors["ssh_user"] = ["Enter the SSH user to connect as."]
-        for field, label in (("ssh_key_path", "SSH key path"), ("known_hosts_path", "known_hosts path")):
+            errors["ssh_user"] = [_("Enter the SSH user to connect as.")]
+        for field, message in (("ssh_key_path", _("Enter the absolute SSH key path on the worker machine.")),
+                               ("known_hosts_path", _("Enter the absolute known_hosts path on the worker machine."))):
             out[field] = str(data.get(field) or "").strip()
             if not out[field].startswith("/"):
-                errors[field] = [f"Enter the absolute {label} on the worker machine."]
+                errors[field] = [message]
     else:
         out.update(host="", port=22, ssh_user="", ssh_key_path="", known_hosts_path="")
 
-    for field, label in (("working_dir", "working directory"), ("python_path", "Python executable path")):
+    for field, message in (("working_dir", _("The working directory must be an absolute path on the computer.")),
+                           ("python_path", _("The Python executable path must be an absolute path on the computer."))):
         out[field] = str(data.get(field) or "").strip()
         if out[field] and (not out[field].startswith("/") or "\n" in out[field]):
-            errors[field] = [f"The {label} must be an absolute path on the computer."]
+            errors[field] = [message]
 
     out["cpu_arch"] = data.get("cpu_arch") or CpuArch.AMD64
     if out["cpu_arch"] not in CpuArch.values:
-        errors["cpu_arch"] = ["CPU architecture must be amd64 or arm64."]
+        errors["cpu_arch"] = [_("CPU architecture must be amd64 or arm64.")]
 
     runtimes = data.get("runtimes") or []
     if not isinstance(runtimes, list) or not all(isinstance(r, str) for r in runtimes) \
             or not set(runtimes) <= set(Runtime.values):
-        errors["runtimes"] = [f"Runtimes must be chosen from {', '.join(Runtime.values)}."]
+        errors["runtimes"] = [_("Runtimes must be chosen from %(runtimes)s.") % {"runtimes": ", ".join(Runtime.values)}]
         runtimes = []
     out["runtimes"] = [r for r in Runtime.values if r in runtimes]
 
@@ -224,28 +241,28 @@ def _clean(data: dict, *, target: ComputeTarget | None) -> dict:
     else:
         gpu_ids = None
     if gpu_ids is None or not all(GPU_ID_PATTERN.match(g) for g in gpu_ids) or len(set(gpu_ids)) != len(gpu_ids):
-        errors["gpu_ids"] = ["GPU IDs are numbers or GPU UUIDs, one per line, each once."]
+        errors["gpu_ids"] = [_("GPU IDs are numbers or GPU UUIDs, one per line, each once.")]
         gpu_ids = []
     out["gpu_ids"] = gpu_ids
 
     default_concurrency = max(1, len(gpu_ids))
     raw = data.get("concurrency")
     out["concurrency"] = _int_in(default_concurrency if raw in (None, "") else raw, 1, 128, "concurrency", errors,
-                                 "Concurrent jobs must be between 1 and 128.")
+                                 _("Concurrent jobs must be between 1 and 128."))
     out["dataset_transfer"] = data.get("dataset_transfer") or DatasetTransfer.RELAY
     if out["dataset_transfer"] not in DatasetTransfer.values:
-        errors["dataset_transfer"] = ["Dataset transfer must be relay or direct."]
+        errors["dataset_transfer"] = [_("Dataset transfer must be relay or direct.")]
     out["dataset_cache_limit_gib"] = _int_in(data.get("dataset_cache_limit_gib", 100), 1, 1_000_000,
                                              "dataset_cache_limit_gib", errors,
-                                             "The dataset cache limit is from 1 to 1,000,000 GiB.")
+                                             _("The dataset cache limit is from 1 to 1,000,000 GiB."))
     out["enabled"] = data.get("enabled", False)
     if not isinstance(out["enabled"], bool):
-        errors["enabled"] = ["enabled is true or false."]
+        errors["enabled"] = [_("enabled is true or false.")]
         out["enabled"] = False
     if out["enabled"]:
         missing = [f for f in ("working_dir", "python_path") if not out[f]]
         for field in missing:
-            errors.setdefault(field, []).append("Required to enable the computer.")
+            errors.setdefault(field, []).append(_("Required to enable the computer."))
     if errors:
         summary = " ".join(message for messages in errors.values() for message in messages)
         raise ServiceError(summary, "invalid_computer", fields=errors)
@@ -274,13 +291,22 @@ def request_check(actor: Actor, target: ComputeTarget, worker=None) -> Connectio
     from computers import access
 
     if actor.user is not None and not access.can_manage(actor.user, target):
-        raise Forbidden("Only the computer's owner and global administrators can run connection checks.", "not_owner")
+        raise Forbidden(_("Only the computer's owner and global administrators can run connection checks."),
+                        "not_owner")
     if worker is not None and actor.user is not None and not access.can_choose_worker(actor.user):
-        raise Forbidden("Only global administrators can choose the worker for a check.", "global_admin_required")
+        raise Forbidden(_("Only global administrators can choose the worker for a check."), "global_admin_required")
     expire_stale(force=True)
     # The worker row, never its name: a worker of another service account saying the same name is
     # another worker and never receives this computer's connection (issue 13).
     named = worker if worker is not None else target.last_check_worker
+    if named is None and not access.workers_for_unnamed_check(target):
+        # Nobody would claim it: say so now rather than after the 5 minutes of CHECK_CLAIM_TIMEOUT.
+        raise Conflict(
+            _("No online worker handles %(name)s, so nobody would pick up this check: a check that names no worker "
+              "goes only to a worker whose MMT_WORKER_TARGET_IDS includes %(id)s. Start one with --target-ids "
+              "%(id)s (see Worker settings in the computer's details), or have a global administrator choose an "
+              "online worker in Worker for this connection under Edit computer and press Check again.")
+            % {"name": target.name, "id": target.pk}, "no_worker_for_check")
     try:
         with transaction.atomic():
             check = ConnectionCheck.objects.create(target=target, requested_by=actor.user, requested_worker=named)
@@ -289,7 +315,7 @@ def request_check(actor: Actor, target: ComputeTarget, worker=None) -> Connectio
             audit(actor, "computer.check.request", target,
                   after={"check": check.pk, "worker": named.worker_id if named else None})
     except IntegrityError:
-        raise Conflict("A connection check of this computer is already waiting or running; wait for its result.",
+        raise Conflict(_("A connection check of this computer is already waiting or running; wait for its result."),
                        "target_check_in_progress") from None
     notify(CHECKS_CHANNEL)
     return check
@@ -334,11 +360,11 @@ def claim_check(worker) -> ConnectionCheck | None:
         eligible = ConnectionCheck.objects.filter(status=CheckStatus.QUEUED, requested_worker=worker)
         if worker.target_ids:
             # Unnamed checks: only computers in the worker's target ids that it may serve at all.
-            from computers.access import served_by_worker
+            from computers.access import unnamed_checks_served_by
 
             eligible = eligible | ConnectionCheck.objects.filter(
-                status=CheckStatus.QUEUED, requested_worker__isnull=True, target_id__in=worker.target_ids,
-                target__in=served_by_worker(worker.account))
+                status=CheckStatus.QUEUED, requested_worker__isnull=True,
+                target__in=unnamed_checks_served_by(worker))
         # SKIP LOCKED: two workers polling at once never wait on, or both take, the same row.
         check = (ConnectionCheck.objects.filter(pk__in=eligible.values("pk")).order_by("created_at", "id")
                  .select_for_update(skip_locked=True, of=("self",)).first())
@@ -452,12 +478,14 @@ def request_read(actor: Actor, target: ComputeTarget, worker, path: str) -> Dire
     from computers import access
 
     if actor.user is not None and not access.can_choose_worker(actor.user):
-        raise Forbidden("Only global administrators can read directories through a worker.", "global_admin_required")
+        raise Forbidden(_("Only global administrators can read directories through a worker."),
+                        "global_admin_required")
     if not isinstance(path, str) or not path.startswith("/") or len(path) > 1024 or "\0" in path or "\n" in path:
-        raise ServiceError("Type an absolute path, such as /data/.", "invalid_path", fields={"path": ["Absolute path."]})
+        raise ServiceError(_("Type an absolute path, such as /data/."), "invalid_path",
+                           fields={"path": [_("Absolute path.")]})
     if worker is None or not worker.is_online:
-        raise ServiceError("Choose an online worker in Worker for this connection.", "worker_offline",
-                           fields={"worker_id": ["Not online."]})
+        raise ServiceError(_("Choose an online worker in Worker for this connection."), "worker_offline",
+                           fields={"worker_id": [_("Not online.")]})
     expire_stale(force=True)
     read = DirectoryRead.objects.create(target=target, connection=target.connection(), path=path,
                                         requested_by=actor.user, requested_worker=worker)

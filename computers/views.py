@@ -378,7 +378,7 @@ def _render_settings(request, target, *, check=None, worker=None, form=None):
         "suggestions": suggestions,
         "machine": machine_summary(check),
         "worker": worker,
-        "can_read": access.can_choose_worker(request.user) and worker is not None,
+        "can_read": access.can_choose_worker(request.user),  # without a worker, typing says so
         "assists": _initial_assists(request, target, form, check),
         "action": reverse("computer-settings", args=[target.pk]),
         "back_to_connection": reverse("computer-connection", args=[target.pk])
@@ -434,26 +434,47 @@ def _check_again(request, target, form: EditForm, actor: Actor):
     return _triggered(response, computersChanged=True) if changed else response
 
 
-def _edit_form(request, target, *, data=None, initial=None) -> EditForm:
+def _edit_form(request, target, *, data=None, initial=None, jobs=None) -> EditForm:
+    """The Edit dialog's form. While Jobs are queued or running, the fields they lock are disabled with
+    the reason beside them. A browser does not send disabled fields, so a submitted form names the
+    fields it showed locked (`locked_fields`): those keep the computer's values; any other locked field
+    that changed is refused by the service (Jobs that started while the dialog was open)."""
     workers = access.workers_to_choose(request.user)
     gpus = check_suggestions(_last_succeeded(target))["gpus"]
+    saved = {name: getattr(target, name) for name in CONNECTION_VALUES}
+    saved.update({
+        "working_dir": target.working_dir, "python_path": target.python_path, "cpu_arch": target.cpu_arch,
+        "runtimes": target.runtimes, "gpu_ids": "\n".join(target.gpu_ids), "concurrency": target.concurrency,
+        "gpu_detected": [str(g.get("index")) for g in gpus if str(g.get("index")) in target.gpu_ids],
+        "dataset_transfer": target.dataset_transfer, "enabled": target.enabled,
+        "dataset_cache_limit_gib": target.dataset_cache_limit_gib,
+    })
+    # Worker for this connection starts with the worker of the last check, if it is online.
+    last = target.last_check_worker_id
+    saved["worker"] = str(last) if any(w.pk == last for w in workers) else ""
+    jobs = list(locks.active_jobs(target)[:5]) if jobs is None else jobs
+    if data is not None:
+        locked = [name for name in str(data.get("locked_fields", "")).split(",") if name in locks.LOCKED_FIELDS]
+    else:
+        locked = list(locks.LOCKED_FIELDS) if jobs else []
     if data is None and initial is None:
-        initial = {name: getattr(target, name) for name in CONNECTION_VALUES}
-        initial.update({
-            "working_dir": target.working_dir, "python_path": target.python_path, "cpu_arch": target.cpu_arch,
-            "runtimes": target.runtimes, "gpu_ids": "\n".join(target.gpu_ids), "concurrency": target.concurrency,
-            "gpu_detected": [str(g.get("index")) for g in gpus if str(g.get("index")) in target.gpu_ids],
-            "dataset_transfer": target.dataset_transfer, "enabled": target.enabled,
-            "dataset_cache_limit_gib": target.dataset_cache_limit_gib,
-        })
-        # Worker for this connection starts with the worker of the last check, if it is online.
-        last = target.last_check_worker_id
-        initial["worker"] = str(last) if any(w.pk == last for w in workers) else ""
-    return EditForm(data, initial=initial or {}, workers=workers, gpus=gpus)
+        initial = saved
+    elif data is None:  # redrawn from what was sent: the locked fields were not sent, they keep their values
+        keep = [*locked, *(["gpu_detected"] if "gpu_ids" in locked else [])]
+        initial = {**initial, **{name: saved[name] for name in keep if name in saved}}
+    else:
+        initial = saved  # a disabled field's value is its initial one
+    if jobs:
+        reason = _("Cannot change while Jobs %(jobs)s are queued or running on this computer.") % {
+            "jobs": ", ".join(str(job.pk) for job in jobs)}
+    else:
+        reason = _("Cannot change while Jobs are queued or running on this computer.")
+    return EditForm(data, initial=initial, workers=workers, gpus=gpus, locked=locked, locked_reason=reason)
 
 
 def _render_edit(request, target, *, form=None, initial=None, check=None, locked=False, connection_saved=False):
-    form = form or _edit_form(request, target, initial=initial)
+    jobs = list(locks.active_jobs(target)[:5])
+    form = form or _edit_form(request, target, initial=initial, jobs=jobs)
     succeeded = check if check is not None and check.status == CheckStatus.SUCCEEDED else _last_succeeded(target)
     if succeeded is not None and check is not None and succeeded.pk == check.pk:
         # Check again refreshes the candidates (GPUs too); the values already entered stay.
@@ -463,7 +484,6 @@ def _render_edit(request, target, *, form=None, initial=None, check=None, locked
         gpu_ids = str(form["gpu_ids"].value() or "").split()
         form.initial["gpu_detected"] = [value for value, _label in form.fields["gpu_detected"].choices
                                         if value in gpu_ids]
-    jobs = list(locks.active_jobs(target)[:5])
     worker = form.chosen_worker()
     _mark_follow(form)
     tab = (initial or {}).get("tab") or request.POST.get("tab") or request.GET.get("tab") or "connection"
@@ -482,7 +502,9 @@ def _render_edit(request, target, *, form=None, initial=None, check=None, locked
         "chosen_worker": worker,
         "no_worker": not form.workers,
         "worker": worker,
-        "can_read": access.can_choose_worker(request.user) and worker is not None,
+        # Typing a path ending in "/" always answers: with the worker chosen now (the select is in the
+        # same form), or saying to choose one.
+        "can_read": access.can_choose_worker(request.user),
         "assists": _initial_assists(request, target, form, succeeded),
         "editing": True,
         "locked": locked,
@@ -554,8 +576,17 @@ def computer_path_assist(request, pk):
         raise Http404("No such field.")
     check = _check_param(request.POST, target)
     worker = _online_worker(request, request.POST.get("worker"))
+    if worker is None and request.POST.get("worker"):
+        no_worker = _("The chosen worker is not online now, so nothing can list this directory: start it, or type "
+                      "the whole path.")
+    elif worker is None and request.GET.get("flow") == "edit":
+        no_worker = _("Choose an online worker in Worker for this connection (Connection tab) to list this "
+                      "directory, or type the whole path.")
+    else:
+        no_worker = _("No worker was chosen in step 1, so nothing can list this directory: press Back and choose "
+                      "an online worker in Worker for this connection, or type the whole path.")
     assist = path_assist(request, target, field, request.POST.get(field, ""), _read_ids(request.POST, field),
-                         check, worker, may_read=True)
+                         check, worker, may_read=True, no_worker=no_worker)
     content = render_to_string("computers/partials/_path_assist.html", {"assist": assist, "target": target},
                                request=request)
     if request.GET.get("poll") and assist["pending"] is None:
@@ -563,7 +594,8 @@ def computer_path_assist(request, pk):
     return HttpResponse(content)
 
 
-def path_assist(request, target, field: str, value: str, read_ids: list[int], check, worker, *, may_read: bool):
+def path_assist(request, target, field: str, value: str, read_ids: list[int], check, worker, *, may_read: bool,
+                no_worker: str = ""):
     """The candidates for one path field: what the check found, plus the entries of the directory the
     typed path is in once the worker has read it. Hidden entries appear only after a typed "."."""
     suggestions = check_suggestions(check)
@@ -584,7 +616,7 @@ def path_assist(request, target, field: str, value: str, read_ids: list[int], ch
     error = pending = None
     if directory and read is None and may_read and typed == "":
         if worker is None:
-            error = _("Choose an online worker in Worker for this connection.")
+            error = no_worker or _("Choose an online worker in Worker for this connection.")
         else:
             try:
                 read = services.request_read(Actor.from_request(request), target, worker, directory)

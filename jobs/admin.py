@@ -6,7 +6,7 @@ from django.utils import timezone
 from jobs import services
 from jobs.choices import HELD_STATUSES
 from jobs.models import UNRESPONSIVE_AFTER, GpuReservation, Job, JobEvent
-from mado.admin import ReadOnlyAdmin, ServiceActionMixin
+from mado.admin import ReadOnlyAdmin, ServiceActionMixin, user_label
 from mado.validation import BIGINT_MAX
 
 
@@ -55,12 +55,12 @@ class JobEventInline(admin.TabularInline):
 @admin.register(Job)
 class JobAdmin(ServiceActionMixin, ReadOnlyAdmin):
     list_display = ["id", "name", "status", "not_responding", "end_reason", "project", "target", "worker",
-                    "created_by", "created_at", "finished_at"]
+                    "creator", "created_at", "finished_at"]
     list_display_links = ["id", "name"]
     list_filter = ["status", ResponsiveFilter, "end_reason", "target", "project", "worker"]
     search_fields = ["name"]
     search_help_text = "A job ID (42) or part of its run name."
-    list_select_related = ["project", "target", "worker", "created_by"]
+    list_select_related = ["project", "target", "worker", "created_by__service_account__project"]
     date_hierarchy = "created_at"
     inlines = [GpuReservationInline, JobEventInline]
     actions = ["request_stop", "mark_lost"]
@@ -71,6 +71,10 @@ class JobAdmin(ServiceActionMixin, ReadOnlyAdmin):
         if term.isdigit() and int(term) <= BIGINT_MAX:
             results |= queryset.filter(pk=int(term))
         return results, may_have_duplicates
+
+    @admin.display(description="Created by", ordering="created_by__username")
+    def creator(self, job):
+        return user_label(job.created_by)
 
     @admin.display(description="No response", boolean=True)
     def not_responding(self, job):

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from django.http import FileResponse
+from django.utils.translation import gettext as _
 from drf_spectacular.utils import OpenApiParameter, OpenApiTypes, extend_schema
 from rest_framework import exceptions
 from rest_framework.response import Response
@@ -38,10 +39,11 @@ def _job(request, pk: int):
     if principal is not None and principal.is_job and pk != principal.token.job_id \
             and not Job.objects.filter(pk=pk, project_id=principal.project.pk).exists():
         # A job's code reaching outside its project is refused outright (issue 5's job-token matrix).
-        raise exceptions.PermissionDenied("A job token works only within its own project.", code="job_token_forbidden")
+        raise exceptions.PermissionDenied(_("A job token works only within its own project."),
+                                         code="job_token_forbidden")
     job = access.job_for(request.user, pk)
     if principal is not None and principal.project.pk != job.project_id:
-        raise exceptions.NotFound("No job with this id in your token's project.")
+        raise exceptions.NotFound(_("No job with this id in your token's project."))
     return job
 
 
@@ -49,12 +51,12 @@ def _own_job_token(request, job) -> None:
     """Job tokens write only to their own job."""
     principal = request.auth
     if principal is None or not principal.is_job:
-        raise exceptions.PermissionDenied("Only the job's own job token records into a running job.",
+        raise exceptions.PermissionDenied(_("Only the job's own job token records into a running job."),
                                           code="job_token_required")
     if principal.token.job_id != job.pk:
-        raise exceptions.PermissionDenied("A job token may only write to its own job.", code="job_token_forbidden")
+        raise exceptions.PermissionDenied(_("A job token may only write to its own job."), code="job_token_forbidden")
     if job.is_terminal:
-        raise exceptions.AuthenticationFailed("This job token no longer works: its job has ended.")
+        raise exceptions.AuthenticationFailed(_("This job token no longer works: its job has ended."))
 
 
 class ProjectJobsView(APIView):
@@ -73,7 +75,7 @@ class ProjectJobsView(APIView):
         is_admin = identity.has_role(request.user, project, Role.ADMIN)
         before = as_int(request.query_params.get("before", BIGINT_MAX), low=1, high=BIGINT_MAX)
         if before is None:
-            raise exceptions.ValidationError({"before": ["before is the id of the oldest job you have."]})
+            raise exceptions.ValidationError({"before": [_("before is the id of the oldest job you have.")]})
         page = list(jobs.filter(pk__lt=before).order_by("-id")[:JOB_PAGE])
         reasons = waiting.reasons(page)  # why queued jobs wait, in a bounded number of queries
         return Response({"items": [job_body(request.user, job, is_project_admin=is_admin, waiting_reasons=reasons)
@@ -128,14 +130,14 @@ class JobLogsView(APIView):
         job = _job(request, pk)
         after = as_int(request.query_params.get("after", "0"), low=0, high=BIGINT_MAX)
         if after is None:
-            raise exceptions.ValidationError({"after": ["after is the id of the last chunk you have."]})
+            raise exceptions.ValidationError({"after": [_("after is the id of the last chunk you have.")]})
         chunks = job.log_chunks.filter(id__gt=after)
         replica = request.query_params.get("replica")
         if replica:
             if replica not in job.replica_names:
+                names = ", ".join(job.replica_names[:8]) + (" …" if job.cluster_size > 8 else "")
                 raise exceptions.ValidationError({"replica": [
-                    f"This job's replicas are {', '.join(job.replica_names[:8])}"
-                    + (" …" if job.cluster_size > 8 else "") + "; choose one of those."]})
+                    _("This job's replicas are %(replicas)s; choose one of those.") % {"replicas": names}]})
             chunks = chunks.filter(replica=replica)
         chunks = list(chunks.order_by("id")[:LOG_PAGE])
         return Response({"items": [log_body(c) for c in chunks], "next": chunks[-1].pk if chunks else after,
@@ -179,7 +181,7 @@ class JobArtifactDownloadView(APIView):
         job = _job(request, pk)
         artifact = job.artifacts.filter(path=path, complete=True).first()
         if artifact is None:
-            raise exceptions.NotFound(f"No uploaded artifact {path} in this job.")
+            raise exceptions.NotFound(_("No uploaded artifact %(path)s in this job.") % {"path": path})
         return FileResponse(artifact.file.open("rb"), as_attachment=True, filename=path.rsplit("/", 1)[-1],
                             content_type=artifact.mime_type or "application/octet-stream")
 

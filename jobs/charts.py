@@ -2,6 +2,7 @@
 long series are thinned to the minimum and maximum of each bucket so spikes stay visible."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from django.utils.html import escape
@@ -55,6 +56,20 @@ def thin(points: list[tuple[int, float]], limit: int = MAX_POINTS) -> list[tuple
     return kept
 
 
+def step_ticks(low: int, high: int, most: int = 5) -> list[int]:
+    """Ticks of the step axis: whole numbers (steps are integers) at the smallest round spacing (1, 2 or
+    5 times a power of ten) that gives at most `most` of them between `low` and `high`."""
+    low, high = math.ceil(low), math.floor(high)
+    if high <= low:
+        return [low]
+    spacing = 1
+    for spacing in (m * magnitude for magnitude in (10 ** e for e in range(19)) for m in (1, 2, 5)):
+        if high // spacing - -(-low // spacing) + 1 <= most:
+            break
+    first = -(-low // spacing) * spacing
+    return list(range(first, high + 1, spacing))
+
+
 def _number(value: float) -> str:
     if value == 0:
         return "0"
@@ -90,9 +105,8 @@ def line_chart(name: str, points: list[tuple[int, float]], *, width: int = WIDTH
         gy = y(value)
         parts.append(f'<line class="grid" stroke="#e3e6ec" x1="{LEFT}" y1="{gy:.1f}" x2="{width - RIGHT}" y2="{gy:.1f}"/>'
                      f'<text class="tick" font-size="12" fill="#5b6475" x="{LEFT - 6}" y="{gy + 4:.1f}" text-anchor="end">{_number(value)}</text>')
-    for step in sorted({x_low, (x_low + x_high) / 2, x_high}):
-        shown = int(step) if float(step).is_integer() else round(step, 1)
-        parts.append(f'<text class="tick" font-size="12" fill="#5b6475" x="{x(step):.1f}" y="{height - 8}" text-anchor="middle">{shown}</text>')
+    for step in step_ticks(x_low, x_high):
+        parts.append(f'<text class="tick" font-size="12" fill="#5b6475" x="{x(step):.1f}" y="{height - 8}" text-anchor="middle">{step}</text>')
     parts.append(f'<line class="axis" stroke="#9aa3b2" x1="{LEFT}" y1="{TOP + plot_h}" x2="{width - RIGHT}" y2="{TOP + plot_h}"/>'
                  f'<line class="axis" stroke="#9aa3b2" x1="{LEFT}" y1="{TOP}" x2="{LEFT}" y2="{TOP + plot_h}"/>')
     coordinates = " ".join(f"{x(s):.2f},{y(v):.2f}" for s, v in drawn)

@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 
 from django.db import IntegrityError, transaction
 from django.db.models import Count
+from django.utils.translation import gettext as _
+from django.utils.translation import ngettext
 
 from computers import access as computer_access
 from computers.groups import GROUP_KINDS
@@ -34,45 +36,47 @@ def clean_fields(data: dict, errors: dict, *, on_site: bool = False) -> dict:
     site itself is the computer (no compute group)."""
     size = as_int(data["cluster_size"], low=1, high=MAX_CLUSTER_SIZE) if given(data, "cluster_size") else 1
     if size is None:
-        errors["cluster_size"] = [f"The cluster size is a whole number from 1 to {MAX_CLUSTER_SIZE}."]
+        errors["cluster_size"] = [_("The cluster size is a whole number from 1 to %(max)d.")
+                                  % {"max": MAX_CLUSTER_SIZE}]
         size = 1
     mode = data.get("cluster_mode") or ClusterMode.SINGLE_NODE
     if mode not in ClusterMode.values:
-        errors["cluster_mode"] = ["The cluster mode is single-node or multi-node."]
+        errors["cluster_mode"] = [_("The cluster mode is single-node or multi-node.")]
         mode = ClusterMode.SINGLE_NODE
     values = {"cluster_size": size, "cluster_mode": mode, "gpus_per_replica": 0}
     per_replica = data.get("gpus_per_replica")
     if size == 1:
         if given(data, "compute_group"):
-            errors["compute_group"] = ["A compute group places cluster jobs (cluster size 2 or more); "
-                                       "for one replica choose a computer."]
+            errors["compute_group"] = [_("A compute group places cluster jobs (cluster size 2 or more); "
+                                         "for one replica choose a computer.")]
         if given(data, "gpus_per_replica") and as_int(per_replica, low=0, high=0) is None:
-            errors["gpus_per_replica"] = ["GPUs per replica are for cluster jobs; for one replica give the "
-                                          "GPU IDs to use (gpu_ids)."]
+            errors["gpus_per_replica"] = [_("GPUs per replica are for cluster jobs; for one replica give the "
+                                            "GPU IDs to use (gpu_ids).")]
         return values
     if data.get("gpu_ids"):
-        errors["gpu_ids"] = ["A cluster job does not name GPU IDs: give gpus_per_replica and the server picks "
-                             "a separate set for each replica."]
+        errors["gpu_ids"] = [_("A cluster job does not name GPU IDs: give gpus_per_replica and the server picks "
+                               "a separate set for each replica.")]
     if given(data, "gpus_per_replica"):
         values["gpus_per_replica"] = as_int(per_replica, low=0, high=MAX_GPUS_PER_REPLICA)
         if values["gpus_per_replica"] is None:
-            errors["gpus_per_replica"] = [f"GPUs per replica is a whole number from 0 to {MAX_GPUS_PER_REPLICA}."]
+            errors["gpus_per_replica"] = [_("GPUs per replica is a whole number from 0 to %(max)d.")
+                                          % {"max": MAX_GPUS_PER_REPLICA}]
             values["gpus_per_replica"] = 0
     if on_site:
         # The scheduler puts each replica on a node of its own, whatever the form's default mode said.
         if given(data, "compute_group"):
-            errors["compute_group"] = ["A site places the replicas itself: leave the compute group out."]
+            errors["compute_group"] = [_("A site places the replicas itself: leave the compute group out.")]
         values["cluster_mode"] = ClusterMode.MULTI_NODE
         return values
     multi = mode == ClusterMode.MULTI_NODE
     if multi and not given(data, "compute_group"):
-        errors["compute_group"] = ["A multi-node cluster job runs on a compute group: choose one."]
+        errors["compute_group"] = [_("A multi-node cluster job runs on a compute group: choose one.")]
     if multi and given(data, "computer"):
-        errors["computer"] = ["A multi-node cluster job runs on a compute group, not on one computer: "
-                              "leave the computer out."]
+        errors["computer"] = [_("A multi-node cluster job runs on a compute group, not on one computer: "
+                                "leave the computer out.")]
     if not multi and given(data, "compute_group"):
-        errors["compute_group"] = ["A single-node cluster job runs on one computer: choose the computer, "
-                                   "or make it multi-node."]
+        errors["compute_group"] = [_("A single-node cluster job runs on one computer: choose the computer, "
+                                     "or make it multi-node.")]
     return values
 
 
@@ -100,13 +104,14 @@ def placeholder_target(user, data: dict, runtime: str, errors: dict) -> ComputeT
     a chosen computer, so its runtimes cannot change while the job goes in)."""
     group = find_group(data.get("compute_group"))
     if group is None:
-        errors["compute_group"] = ["No such compute group: give its id or name (Settings → Computers → "
-                                   "Compute groups)."]
+        errors["compute_group"] = [_("No such compute group: give its id or name (Settings → Computers → "
+                                     "Compute groups).")]
         return None
     members = group_members(group, user, runtime)
     if not members:
-        errors["compute_group"] = [f"No enabled computer of the compute group {group.name} that you may use "
-                                   f"supports {runtime}; choose another group or runtime."]
+        errors["compute_group"] = [_("No enabled computer of the compute group %(group)s that you may use "
+                                     "supports %(runtime)s; choose another group or runtime.")
+                                   % {"group": group.name, "runtime": runtime}]
         return None
     return ComputeTarget.objects.select_for_update(no_key=True).filter(pk=members[0].pk).first()
 
@@ -228,7 +233,38 @@ def try_claim(job: Job, rooms: Rooms, served_ids: set[int], worker_target_ids) -
     return placement is not None and reserve(job, placement)
 
 
-# Why a queued cluster job waits -----------------------------------------------------------------
+# Why a queued cluster job waits, and why one is refused ------------------------------------------
+
+def _needs(size: int, per: int) -> str:
+    return ngettext("Needs %(size)d replicas × %(per)d GPU", "Needs %(size)d replicas × %(per)d GPUs", per) % {
+        "size": size, "per": per}
+
+
+def _where(group: ComputeGroup | None, target: ComputeTarget) -> str:
+    return _("the computers of %(group)s") % {"group": group.name} if group is not None else target.name
+
+
+def most_replicas(members, per: int) -> int:
+    """How many replicas of this size the computers could hold if nothing else ran (multi-node adds
+    them up; single-node has one computer)."""
+    return sum(Room(c, c.concurrency, list(c.gpu_ids)).holds(per) for c in members)
+
+
+def refusal(size: int, per: int, members, *, group: ComputeGroup | None = None,
+            target: ComputeTarget | None = None) -> str | None:
+    """Why a new cluster job could never start on these computers (what queued_reason would later
+    say), or None when they could hold all its replicas at once. `members`: the one computer of a
+    single-node job, or the group's computers its creator may use for its runtime."""
+    most = most_replicas(members, per)
+    if most >= size:
+        return None
+    values = {"needs": _needs(size, per), "where": _where(group, target), "most": most}
+    if group is not None:
+        return _("%(needs)s; %(where)s can hold at most %(most)d (by GPUs and concurrent jobs), so it cannot "
+                 "start. Ask for fewer replicas or GPUs, or choose another compute group.") % values
+    return _("%(needs)s; %(where)s can hold at most %(most)d (by GPUs and concurrent jobs), so it cannot start. "
+             "Ask for fewer replicas or GPUs, or choose another computer.") % values
+
 
 def queued_reason(job: Job) -> str | None:
     """A sentence for a queued cluster job, like the peer's PENDING; read without locks."""
@@ -237,25 +273,30 @@ def queued_reason(job: Job) -> str | None:
     if job.target.kind == "site":
         return None  # the site's scheduler places the replicas: there is nothing to count here
     size, per = job.cluster_size, job.gpus_per_replica
-    need = f"Needs {size} replicas × {per} GPU{'' if per == 1 else 's'}"
+    group = None
     if job.is_multi_node:
         group = job.compute_group
         if group is None:
-            return "Its compute group was deleted: stop it and create it again on another group."
+            return _("Its compute group was deleted: stop it and create it again on another group.")
         members = group_members(group, job.created_by, job.runtime)
         if not members:
-            return f"No enabled computer of {group.name} that its creator may use supports {job.runtime}."
-        where = f"the computers of {group.name}"
+            return _("No enabled computer of %(group)s that its creator may use supports %(runtime)s.") % {
+                "group": group.name, "runtime": job.runtime}
     else:
         if not job.target.enabled:
-            return f"{job.target.name} is disabled: it starts once its owner enables it again."
-        members, where = [job.target], job.target.name
-    # What the computers could hold if nothing else ran (multi-node adds them up; single-node has one).
-    most = sum(Room(c, c.concurrency, list(c.gpu_ids)).holds(per) for c in members)
-    if most < size:
-        return (f"{need}; {where} can hold at most {most} (by GPUs and concurrent jobs), so it cannot start. "
-                "Stop it and ask for fewer replicas or GPUs.")
-    now = sum(Room.of(c).holds(per) for c in members)
-    if now < size:
-        return f"{need}; there is room for {now} now on {where}. It starts when all {size} fit at once."
-    return f"{need}; waiting for a worker that serves {'them' if job.is_multi_node else where} to claim it."
+            return _("%(computer)s is disabled: it starts once its owner enables it again.") % {
+                "computer": job.target.name}
+        members = [job.target]
+    values = {"needs": _needs(size, per), "where": _where(group, job.target), "size": size}
+    # Created when they could (creation refuses the rest), the computers may have shrunk since.
+    values["most"] = most_replicas(members, per)
+    if values["most"] < size:
+        return _("%(needs)s; %(where)s can hold at most %(most)d (by GPUs and concurrent jobs), so it cannot "
+                 "start. Stop it and ask for fewer replicas or GPUs.") % values
+    values["now"] = sum(Room.of(c).holds(per) for c in members)
+    if values["now"] < size:
+        return _("%(needs)s; there is room for %(now)d now on %(where)s. It starts when all %(size)d fit at "
+                 "once.") % values
+    if job.is_multi_node:
+        return _("%(needs)s; waiting for a worker that serves them to claim it.") % values
+    return _("%(needs)s; waiting for a worker that serves %(where)s to claim it.") % values

@@ -58,8 +58,8 @@ class JobForm(forms.Form):
                                    help_text=_("requirements.txt lines installed with pip before the command."))
     parameters = forms.CharField(label=_("Parameters (JSON)"), required=False, initial="{}",
                                  widget=forms.Textarea(attrs={"rows": 3, "spellcheck": "false"}),
-                                 help_text=_("A JSON object such as {\"lr\": 0.01}. The Job receives it in "
-                                             "MMT_PARAMETERS."))
+                                 help_text=_("A JSON object such as {\"lr\": 0.01}. The Job reads it from the file "
+                                             "that MMT_PARAMETERS_FILE names."))
     gpu_ids = OpenMultipleChoiceField(label=_("GPU IDs"), required=False, widget=forms.CheckboxSelectMultiple,
                                       help_text=_("The checked GPUs are reserved for this Job and not given to "
                                                   "other Jobs. None checked: the Job runs on CPU only."))

@@ -1,6 +1,7 @@
 """Jobs, their GPU reservations, logs, metrics, artifacts and timeline."""
 from __future__ import annotations
 
+import shlex
 from datetime import timedelta
 
 from django.conf import settings
@@ -21,6 +22,21 @@ from jobs.choices import (
 )
 
 UNRESPONSIVE_AFTER = timedelta(seconds=60)
+
+
+def readable_command(argv) -> str:
+    """The command line as its author typed it in the New job form, which splits it with shlex (nothing
+    is expanded): plain words bare, others in single quotes, an argument holding a single quote in
+    double quotes ("it's", where shlex.join would write 'it'"'"'s'). shlex.split gives `argv` back."""
+    if not isinstance(argv, list):
+        return str(argv)
+    words = []
+    for arg in map(str, argv):
+        if "'" in arg:
+            words.append('"' + arg.replace("\\", "\\\\").replace('"', '\\"') + '"')
+        else:
+            words.append(shlex.quote(arg))
+    return " ".join(words)
 
 
 class Job(models.Model):
@@ -75,6 +91,11 @@ class Job(models.Model):
     @property
     def display_name(self) -> str:
         return self.name or f"job-{self.pk}"
+
+    @property
+    def command_line(self) -> str:
+        """The command as its author would type it (it is stored as argv)."""
+        return readable_command(self.command)
 
     @property
     def is_terminal(self) -> bool:

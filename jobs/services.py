@@ -17,6 +17,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
+from django.utils.translation import gettext as _
 
 from computers import access as computer_access
 from computers.choices import Runtime
@@ -65,7 +66,8 @@ class ActiveJobsEnded(Exception):
     reason = "active_jobs_ended"
 
     def __init__(self, job_ids: list[int]):
-        super().__init__(f"Jobs {', '.join(map(str, job_ids))} have ended; claim again with the jobs you still run.")
+        super().__init__(_("Jobs %(jobs)s have ended; claim again with the jobs you still run.")
+                         % {"jobs": ", ".join(map(str, job_ids))})
         self.job_ids = job_ids
 
 
@@ -74,7 +76,7 @@ class ActiveJobsEnded(Exception):
 def create_job(actor: Actor, project, data: dict) -> Job:
     user = actor.user
     if not identity.has_role(user, project, Role.MEMBER):
-        raise Forbidden("Creating Jobs needs the member role in this project.", "role_required")
+        raise Forbidden(_("Creating Jobs needs the member role in this project."), "role_required")
     with transaction.atomic():
         values, errors = _clean_job(user, project, data)  # locks the computer row until the job is in
         if errors:
@@ -115,17 +117,29 @@ def _clean_job(user, project, data: dict) -> tuple[dict, dict]:
         if target.site_settings.submission == "manual":
             values["status"] = JobStatus.WAITING_MANUAL  # until its requester runs mado-tracking submit
         if values["cluster_size"] > 1 and not site_shells.runs_clusters(target):
-            errors["cluster_size"] = [f"{target.name}'s job shell does not run cluster jobs (only a job shell that "
-                                      "defines mmt_supports_clusters, such as the Slurm template, starts one runner "
-                                      "per node); choose a Slurm site, an SSH computer or a compute group."]
+            errors["cluster_size"] = [_("%(computer)s's job shell does not run cluster jobs (only a job shell that "
+                                        "defines mmt_supports_clusters, such as the Slurm template, starts one runner "
+                                        "per node); choose a Slurm site, an SSH computer or a compute group.")
+                                      % {"computer": target.name}]
     values["target"] = target
     if runtime not in target.runtimes:
-        errors["runtime"] = [f"{target.name} supports {', '.join(target.runtimes) or 'no runtime yet'}; "
-                             f"choose one of those."]
+        errors["runtime"] = [
+            _("%(computer)s supports %(runtimes)s; choose one of those.")
+            % {"computer": target.name, "runtimes": ", ".join(target.runtimes)} if target.runtimes else
+            _("%(computer)s supports no runtime yet; choose one of those.") % {"computer": target.name}]
     values["runtime"] = runtime
+    if values["cluster_size"] > 1 and target.kind != "site" and not errors.keys() & {"cluster_size",
+                                                                                     "gpus_per_replica"}:
+        # Refused now rather than queued for ever: the reason its page would give (cluster.queued_reason).
+        group = values.get("compute_group")
+        members = cluster.group_members(group, user, runtime) if group is not None else [target]
+        why = cluster.refusal(values["cluster_size"], values["gpus_per_replica"], members, group=group,
+                              target=target)
+        if why:
+            errors["cluster_size"] = [why]
     image = str(data.get("image") or "").strip()
     if runtime in CONTAINER_RUNTIMES and not image:
-        errors["image"] = [f"A {runtime} Job needs an image."]
+        errors["image"] = [_("A %(runtime)s Job needs an image.") % {"runtime": runtime}]
     values["image"] = image
     command = data.get("command")
     if isinstance(command, str):
@@ -134,7 +148,7 @@ def _clean_job(user, project, data: dict) -> tuple[dict, dict]:
         except ValueError:
             command = None
     if not isinstance(command, list) or not command or not all(isinstance(a, str) and "\0" not in a for a in command):
-        errors["command"] = ["Give the command as a list of arguments, such as [\"python\", \"train.py\"]."]
+        errors["command"] = [_("Give the command as a list of arguments, such as [\"python\", \"train.py\"].")]
     values["command"] = command or []
     # A cluster job's GPUs are picked per replica at claim time (cluster.clean_fields refused gpu_ids).
     # A site's scheduler picks the GPUs itself: a site job asks how many (gpu_count), never which.
@@ -142,32 +156,32 @@ def _clean_job(user, project, data: dict) -> tuple[dict, dict]:
     values["gpu_ids"] = (_clean_gpu_ids(data, target, errors)
                          if values["cluster_size"] == 1 and not on_site else [])
     if on_site and values["cluster_size"] == 1 and data.get("gpu_ids"):
-        errors["gpu_ids"] = [f"{target.name} is a site: its scheduler picks the GPUs. Give how many with "
-                             "gpu_count instead of gpu_ids."]
+        errors["gpu_ids"] = [_("%(computer)s is a site: its scheduler picks the GPUs. Give how many with "
+                               "gpu_count instead of gpu_ids.") % {"computer": target.name}]
     values["gpu_count"] = _clean_gpu_count(data, target, values["cluster_size"], errors)
     parameters = data.get("parameters") or {}
     if not isinstance(parameters, dict):
-        errors["parameters"] = ["Parameters are a JSON object."]
+        errors["parameters"] = [_("Parameters are a JSON object.")]
     values["parameters"] = parameters if isinstance(parameters, dict) else {}
     env = data.get("env") or {}
     if not isinstance(env, dict) or not all(isinstance(k, str) and ENV_NAME.match(k) and isinstance(v, str)
                                             for k, v in env.items()):
-        errors["env"] = ["env maps variable names (letters, digits, _) to strings."]
+        errors["env"] = [_("env maps variable names (letters, digits, _) to strings.")]
         env = {}
     reserved = [k for k in env if k.startswith(RESERVED_ENV_PREFIXES)]
     if reserved:
-        errors["env"] = [f"{', '.join(sorted(reserved))} are set by Mado; choose other names."]
+        errors["env"] = [_("%(names)s are set by Mado; choose other names.") % {"names": ", ".join(sorted(reserved))}]
     values["env"] = env
     walltime = data.get("walltime_seconds")
     values["walltime_seconds"] = as_int(walltime, low=1, high=MAX_WALLTIME)
     if walltime not in (None, "") and values["walltime_seconds"] is None:
-        errors["walltime_seconds"] = ["The walltime is between 1 second and 30 days."]
+        errors["walltime_seconds"] = [_("The walltime is between 1 second and 30 days.")]
     requirements = str(data.get("requirements") or "")
     if len(requirements) > 64 * 1024:
-        errors["requirements"] = ["Keep requirements under 64 KiB."]
+        errors["requirements"] = [_("Keep requirements under 64 KiB.")]
     bad_lines = [line for line in requirements.splitlines() if line.strip().startswith("-")]
     if bad_lines:
-        errors["requirements"] = ["pip options in requirements are not allowed (lines starting with '-')."]
+        errors["requirements"] = [_("pip options in requirements are not allowed (lines starting with '-').")]
     values["requirements"] = requirements
     try:
         values["source"] = outputs.clean_source(project, data.get("source"))
@@ -182,23 +196,25 @@ def _clean_job(user, project, data: dict) -> tuple[dict, dict]:
     target = values.get("target")
     if values["input_datasets"] and target is not None and target.kind == "site":
         # The site runner does not fetch datasets yet: refuse rather than run without them.
-        errors["input_datasets"] = [f"{target.name} is a site: input datasets reach SSH and Local computers only "
-                                    "for now. Copy the data to the site's working directory instead."]
+        errors["input_datasets"] = [_("%(computer)s is a site: input datasets reach SSH and Local computers only "
+                                      "for now. Copy the data to the site's working directory instead.")
+                                    % {"computer": target.name}]
     return values, errors
 
 
 def _clean_gpu_ids(data: dict, target: ComputeTarget, errors: dict) -> list[str]:
     gpu_ids = data.get("gpu_ids") or []
     if not isinstance(gpu_ids, list) or not all(isinstance(g, (str, int)) for g in gpu_ids):
-        errors["gpu_ids"] = ["GPU IDs are a list such as [\"0\", \"1\"]."]
+        errors["gpu_ids"] = [_("GPU IDs are a list such as [\"0\", \"1\"].")]
         gpu_ids = []
     gpu_ids = [str(g) for g in gpu_ids]
     unknown = [g for g in gpu_ids if g not in target.gpu_ids]
     if unknown:
-        errors["gpu_ids"] = [f"{target.name} has no GPU {', '.join(unknown)}; it has "
-                             f"{', '.join(target.gpu_ids) or 'no GPUs'}."]
+        values = {"computer": target.name, "unknown": ", ".join(unknown), "gpus": ", ".join(target.gpu_ids)}
+        errors["gpu_ids"] = [_("%(computer)s has no GPU %(unknown)s; it has %(gpus)s.") % values if target.gpu_ids
+                             else _("%(computer)s has no GPU %(unknown)s; it has no GPUs.") % values]
     if len(set(gpu_ids)) != len(gpu_ids):
-        errors["gpu_ids"] = ["Each GPU ID once."]
+        errors["gpu_ids"] = [_("Each GPU ID once.")]
     return gpu_ids
 
 
@@ -209,15 +225,17 @@ def _clean_gpu_count(data: dict, target: ComputeTarget, cluster_size: int, error
     if raw in (None, ""):
         return 0 if target.kind == "site" and cluster_size == 1 else None
     if cluster_size > 1:
-        errors["gpu_count"] = ["A cluster job asks its GPUs per replica: give gpus_per_replica instead of gpu_count."]
+        errors["gpu_count"] = [_("A cluster job asks its GPUs per replica: give gpus_per_replica instead of "
+                                 "gpu_count.")]
         return None
     if target.kind != "site":
-        errors["gpu_count"] = [f"{target.name} is not a site: choose which of its GPUs to reserve with gpu_ids "
-                               "instead of gpu_count."]
+        errors["gpu_count"] = [_("%(computer)s is not a site: choose which of its GPUs to reserve with gpu_ids "
+                                 "instead of gpu_count.") % {"computer": target.name}]
         return None
     count = as_int(raw, low=0, high=MAX_SITE_GPUS)
     if count is None:
-        errors["gpu_count"] = [f"gpu_count is a whole number of GPUs from 0 to {MAX_SITE_GPUS}, such as 2."]
+        errors["gpu_count"] = [_("gpu_count is a whole number of GPUs from 0 to %(max)d, such as 2.")
+                               % {"max": MAX_SITE_GPUS}]
     return count or 0
 
 
@@ -230,17 +248,17 @@ def _names_a_site(data: dict) -> bool:
 def _chosen_computer(user, data: dict) -> ComputeTarget:
     computer_id = as_int(data.get("computer"), low=1, high=BIGINT_MAX)
     if computer_id is None:
-        raise ServiceError("Choose the computer to run on (its ID).", "invalid_job",
-                           fields={"computer": ["Required: the computer's ID."]})
+        raise ServiceError(_("Choose the computer to run on (its ID)."), "invalid_job",
+                           fields={"computer": [_("Required: the computer's ID.")]})
     # FOR SHARE: an edit of the computer's GPUs or runtimes waits until this job is in, and then sees it.
     target = ComputeTarget.objects.select_for_update(no_key=True).filter(pk=computer_id).first()
     if target is None or not computer_access.can_use(user, target):
         # Same answer for "missing" and "not yours": private computers' names stay private.
-        raise ServiceError("This computer is not available to you: choose a Public computer, or one you own.",
-                           "target_not_available", fields={"computer": ["Not available."]})
+        raise ServiceError(_("This computer is not available to you: choose a Public computer, or one you own."),
+                           "target_not_available", fields={"computer": [_("Not available.")]})
     if not target.enabled:
-        raise ServiceError(f"The computer {target.name} is disabled; choose another or ask its owner to enable it.",
-                           "computer_disabled", fields={"computer": ["Disabled."]})
+        raise ServiceError(_("The computer %(computer)s is disabled; choose another or ask its owner to enable it.")
+                           % {"computer": target.name}, "computer_disabled", fields={"computer": [_("Disabled.")]})
     return target
 
 
@@ -335,8 +353,8 @@ def _mark_claimed(worker: Worker, job: Job) -> tuple[Job, str]:
     job.claimed_at = now
     job.heartbeat_at = now
     job.save(update_fields=["status", "worker", "lease_id", "claimed_at", "heartbeat_at"])
-    _, plaintext = identity_services.issue_job_token(job_id=job.pk, lease_id=job.lease_id, project=job.project,
-                                                     user=job.created_by)
+    _record, plaintext = identity_services.issue_job_token(job_id=job.pk, lease_id=job.lease_id,
+                                                           project=job.project, user=job.created_by)
     _event(job, "claimed", f"Claimed by worker {worker.worker_id}")
     audit(Actor(worker.token.user), "job.claim", job, project=job.project,
           after={"worker": worker.worker_id, "lease_id": str(job.lease_id)})
@@ -352,8 +370,8 @@ def _recover_unacknowledged(worker: Worker, active_job_ids: list[int]):
                     .values_list("pk", flat=True))
         unknown = [pk for pk in foreign if pk not in ended]
         if unknown:
-            raise Conflict(f"Jobs {', '.join(map(str, unknown))} are not held by this worker; stop reporting them.",
-                           "unknown_active_jobs")
+            raise Conflict(_("Jobs %(jobs)s are not held by this worker; stop reporting them.")
+                           % {"jobs": ", ".join(map(str, unknown))}, "unknown_active_jobs")
         raise ActiveJobsEnded(sorted(ended))
     lost = Job.objects.filter(worker=worker, status=JobStatus.CLAIMED).exclude(pk__in=active_job_ids).first()
     if lost is None:
@@ -361,8 +379,8 @@ def _recover_unacknowledged(worker: Worker, active_job_ids: list[int]):
     # The answer to the first claim was lost, so the worker never saw the token: end it and give a
     # new one under the same lease. Nothing was started, so nothing uses the first one.
     identity_services.revoke_job_tokens(lost.pk)
-    _, plaintext = identity_services.issue_job_token(job_id=lost.pk, lease_id=lost.lease_id, project=lost.project,
-                                                     user=lost.created_by)
+    _record, plaintext = identity_services.issue_job_token(job_id=lost.pk, lease_id=lost.lease_id,
+                                                           project=lost.project, user=lost.created_by)
     return lost, plaintext
 
 
@@ -374,8 +392,8 @@ def resume(worker: Worker, active_job_ids: list[int]) -> list[tuple[Job, str | N
         for job in Job.objects.filter(worker=worker, status__in=HELD_STATUSES).select_related("target", "project"):
             token = None
             if job.pk not in active_job_ids:
-                _, token = identity_services.issue_job_token(job_id=job.pk, lease_id=job.lease_id,
-                                                             project=job.project, user=job.created_by)
+                _record, token = identity_services.issue_job_token(job_id=job.pk, lease_id=job.lease_id,
+                                                                   project=job.project, user=job.created_by)
             result.append((job, token))
     return result
 
@@ -482,14 +500,14 @@ def mark_lost(actor: Actor, job: Job) -> Job:
     failed with worker_lost and its GPUs are released. Never automatic (seed 002: GPUs are not
     released by themselves); its process may still be running on the computer."""
     if not access.can_mark_lost(actor.user, job):
-        raise Forbidden("Only Project admins can mark a Job as lost.", "project_admin_required")
+        raise Forbidden(_("Only Project admins can mark a Job as lost."), "project_admin_required")
     with transaction.atomic():
         job = Job.objects.select_for_update(of=("self",)).select_related("worker", "project").get(pk=job.pk)
         if job.is_terminal:
-            raise Conflict(f"This job already ended ({job.status}).", "job_ended")
+            raise Conflict(_ended(job), "job_ended")
         if not job.is_unresponsive:
-            raise Conflict("Only a Job that shows No response (no heartbeat for 60 s while claimed or running) can "
-                           "be marked as lost; this one is not.", "job_responding")
+            raise Conflict(_("Only a Job that shows No response (no heartbeat for 60 s while claimed or running) can "
+                             "be marked as lost; this one is not."), "job_responding")
         worker = job.worker
         _finish(job, JobStatus.FAILED, EndReason.WORKER_LOST,
                 error=f"Marked as lost by {actor.user.username}: its worker stopped responding "
@@ -508,9 +526,9 @@ def leased(worker: Worker, job_id: int, lease_id) -> Job:
     # Lock only the job row: locking its project or computer too would deadlock with concurrent claims.
     job = Job.objects.select_for_update(of=("self",)).select_related("project", "target").filter(pk=job_id).first()
     if job is None:
-        raise ServiceError("No such job.", "not_found", status=404)
+        raise ServiceError(_("No such job."), "not_found", status=404)
     if job.worker_id != worker.pk or str(job.lease_id) != str(lease_id):
-        raise Conflict("This lease is not the job's current lease; stop touching this job.", "invalid_lease")
+        raise Conflict(_("This lease is not the job's current lease; stop touching this job."), "invalid_lease")
     return job
 
 
@@ -518,7 +536,7 @@ def heartbeat(worker: Worker, job_id: int, *, lease_id, status: str | None = Non
     with transaction.atomic():
         job = leased(worker, job_id, lease_id)
         if job.is_terminal:
-            raise Conflict(f"This job already ended ({job.status}).", "job_ended")
+            raise Conflict(_ended(job), "job_ended")
         now = timezone.now()
         job.heartbeat_at = now
         fields = ["heartbeat_at"]
@@ -528,7 +546,7 @@ def heartbeat(worker: Worker, job_id: int, *, lease_id, status: str | None = Non
             fields += ["status", "started_at"]
             _event(job, "started", "Started")
         elif status not in (None, JobStatus.RUNNING):
-            raise ServiceError("status in a heartbeat is only 'running'.", "invalid", fields={"status": ["running"]})
+            raise ServiceError(_("status in a heartbeat is only 'running'."), "invalid", fields={"status": ["running"]})
         job.save(update_fields=fields)
     return job
 
@@ -538,20 +556,20 @@ def append_logs(job: Job, chunks, *, streams=(Stream.STDOUT, Stream.STDERR)) -> 
     worker writes stdout/stderr; the job's own code (job token) writes its own `app` stream, so the
     two never collide on an offset. `replica` (default main1) names a cluster job's replica."""
     if not isinstance(chunks, list):
-        raise ServiceError("chunks is a list of {stream, offset, data}.", "invalid", fields={"chunks": ["List."]})
+        raise ServiceError(_("chunks is a list of {stream, offset, data}."), "invalid", fields={"chunks": [_("List.")]})
     names = job.replica_names
     rows = {}
     for chunk in chunks:
         offset = as_int(chunk.get("offset"), low=0, high=BIGINT_MAX) if isinstance(chunk, dict) else None
         if (offset is None or chunk.get("stream") not in streams or not isinstance(chunk.get("data"), str)
                 or len(chunk["data"].encode()) > MAX_LOG_CHUNK):
-            raise ServiceError(f"Each chunk is {{stream: {'|'.join(streams)}, offset: byte offset ≥ 0, "
-                               "data: text ≤ 1 MiB, replica?}.", "invalid", fields={"chunks": ["Invalid chunk."]})
+            raise ServiceError(_("Each chunk is {stream: %(streams)s, offset: byte offset ≥ 0, data: text ≤ 1 MiB, "
+                                 "replica?}.") % {"streams": "|".join(streams)}, "invalid",
+                               fields={"chunks": [_("Invalid chunk.")]})
         replica = chunk.get("replica") or MAIN_REPLICA
         if replica not in names:
-            raise ServiceError(f"replica is one of this job's replicas: {', '.join(names[:8])}"
-                               + (" …" if len(names) > 8 else "") + ".", "invalid",
-                               fields={"chunks": ["Unknown replica."]})
+            raise ServiceError(_("replica is one of this job's replicas: %(replicas)s.") % {"replicas": _some(names)},
+                               "invalid", fields={"chunks": [_("Unknown replica.")]})
         rows[(replica, chunk["stream"], offset)] = LogChunk(job=job, replica=replica, stream=chunk["stream"],
                                                             offset=offset, data=chunk["data"])
     if not rows:
@@ -567,8 +585,8 @@ def append_logs(job: Job, chunks, *, streams=(Stream.STDOUT, Stream.STDERR)) -> 
 
 def add_metrics(job: Job, metrics) -> int:
     if not isinstance(metrics, list) or len(metrics) > MAX_METRICS_PER_CALL:
-        raise ServiceError(f"metrics is a list of at most {MAX_METRICS_PER_CALL} points.", "invalid",
-                           fields={"metrics": ["Invalid list."]})
+        raise ServiceError(_("metrics is a list of at most %(max)d points.") % {"max": MAX_METRICS_PER_CALL},
+                           "invalid", fields={"metrics": [_("Invalid list.")]})
     rows = []
     for point in metrics:
         point = point if isinstance(point, dict) else {}
@@ -576,8 +594,9 @@ def add_metrics(job: Job, metrics) -> int:
         step = as_int(point.get("step", 0), low=0, high=2**53 - 1)
         when = _timestamp(point.get("timestamp"))
         if not isinstance(name, str) or not name or len(name) > 200 or value is None or step is None or when is None:
-            raise ServiceError("Each metric is {name, value: a finite number, step: an integer 0 … 2^53-1, "
-                               "timestamp?: an ISO 8601 time}.", "invalid_metric", fields={"metrics": ["Invalid point."]})
+            raise ServiceError(_("Each metric is {name, value: a finite number, step: an integer 0 … 2^53-1, "
+                                 "timestamp?: an ISO 8601 time}."), "invalid_metric",
+                               fields={"metrics": [_("Invalid point.")]})
         rows.append(Metric(job=job, name=name, value=value, step=step, timestamp=when))
     Metric.objects.bulk_create(rows)
     return len(rows)
@@ -586,17 +605,17 @@ def add_metrics(job: Job, metrics) -> int:
 def clean_completion(status: str, exit_code=None, end_reason: str | None = None) -> int | None:
     """Validate a completion (a worker's, or a site runner's finish); returns the exit code."""
     if status not in (JobStatus.FINISHED, JobStatus.FAILED, JobStatus.CANCELED):
-        raise ServiceError("status is finished, failed or canceled.", "invalid", fields={"status": ["Invalid."]})
+        raise ServiceError(_("status is finished, failed or canceled."), "invalid", fields={"status": [_("Invalid.")]})
     if exit_code is not None:
         exit_code = as_int(exit_code, low=INT32_MIN, high=INT32_MAX)
         if exit_code is None:
-            raise ServiceError("exit_code is an integer.", "invalid", fields={"exit_code": ["Integer."]})
+            raise ServiceError(_("exit_code is an integer."), "invalid", fields={"exit_code": [_("Integer.")]})
     if status == JobStatus.FINISHED and exit_code not in (None, 0):
-        raise ServiceError("A job that exited with a non-zero code is failed, not finished.",
-                           "inconsistent_completion", fields={"status": ["failed expected."]})
+        raise ServiceError(_("A job that exited with a non-zero code is failed, not finished."),
+                           "inconsistent_completion", fields={"status": [_("failed expected.")]})
     if end_reason is not None and end_reason not in EndReason.values:
-        raise ServiceError(f"end_reason is one of {', '.join(EndReason.values)}.", "invalid",
-                           fields={"end_reason": ["Unknown."]})
+        raise ServiceError(_("end_reason is one of %(reasons)s.") % {"reasons": ", ".join(EndReason.values)}, "invalid",
+                           fields={"end_reason": [_("Unknown.")]})
     return exit_code
 
 
@@ -604,15 +623,16 @@ def clean_replica(job: Job, replica, status: str, end_reason: str | None) -> str
     """The replica whose end ended a cluster job (docs/cluster-jobs.md, "End"); "" when not given."""
     if replica in (None, ""):
         if end_reason == EndReason.REPLICA_FAILED:
-            raise ServiceError("end_reason replica_failed needs replica: the name of the replica that failed.",
-                               "invalid", fields={"replica": ["Required with replica_failed."]})
+            raise ServiceError(_("end_reason replica_failed needs replica: the name of the replica that failed."),
+                               "invalid", fields={"replica": [_("Required with replica_failed.")]})
         return ""
     if replica not in job.replica_names:
-        raise ServiceError(f"replica is one of this job's replicas: {', '.join(job.replica_names[:8])}.",
-                           "invalid", fields={"replica": ["Unknown replica."]})
+        raise ServiceError(_("replica is one of this job's replicas: %(replicas)s.")
+                           % {"replicas": ", ".join(job.replica_names[:8])}, "invalid",
+                           fields={"replica": [_("Unknown replica.")]})
     if end_reason == EndReason.REPLICA_FAILED and status != JobStatus.FAILED:
-        raise ServiceError("A job that ends because a replica failed is failed.", "inconsistent_completion",
-                           fields={"status": ["failed expected."]})
+        raise ServiceError(_("A job that ends because a replica failed is failed."), "inconsistent_completion",
+                           fields={"status": [_("failed expected.")]})
     return replica
 
 
@@ -625,8 +645,8 @@ def finish_completed(job: Job, status: str, *, exit_code=None, error: str = "", 
             error = f"{replica}: {error}"
     missing = outputs.missing_artifacts(job) if status == JobStatus.FINISHED else []
     if missing:
-        raise Conflict(f"Upload the declared artifacts first: {', '.join(missing[:5])}"
-                       + (" …" if len(missing) > 5 else "") + ".", "artifacts_incomplete")
+        shown = ", ".join(missing[:5]) + (" …" if len(missing) > 5 else "")
+        raise Conflict(_("Upload the declared artifacts first: %(paths)s.") % {"paths": shown}, "artifacts_incomplete")
     reason = end_reason or (EndReason.CANCELED if status == JobStatus.CANCELED else EndReason.EXIT_CODE)
     _finish(job, status, reason, exit_code=exit_code, error=error)
     if status == JobStatus.FINISHED:
@@ -642,7 +662,7 @@ def complete(worker: Worker, job_id: int, *, lease_id, status: str, exit_code=No
         if job.is_terminal:
             if job.status == status:
                 return job  # the same completion resent
-            raise Conflict(f"This job already ended as {job.status}.", "job_already_completed")
+            raise Conflict(_("This job already ended as %(status)s.") % {"status": job.status}, "job_already_completed")
         replica = clean_replica(job, replica, status, end_reason)
         reason = finish_completed(job, status, exit_code=exit_code, error=error, end_reason=end_reason,
                                   replica=replica)
@@ -673,11 +693,11 @@ def _finish(job: Job, status: str, reason: str, *, exit_code=None, error: str = 
 
 def request_stop(actor: Actor, job: Job) -> Job:
     if not access.can_stop(actor.user, job):
-        raise Forbidden("Only the Job's creator and Project admins can stop it.", "stop_forbidden")
+        raise Forbidden(_("Only the Job's creator and Project admins can stop it."), "stop_forbidden")
     with transaction.atomic():
         job = Job.objects.select_for_update().get(pk=job.pk)
         if job.is_terminal:
-            raise Conflict(f"This job already ended ({job.status}).", "job_ended")
+            raise Conflict(_ended(job), "job_ended")
         if job.stop_requested_at is None:
             job.stop_requested_at = timezone.now()
             job.stop_requested_by = actor.user
@@ -709,6 +729,15 @@ def _cluster_audit(job: Job) -> dict:
     return {"cluster_size": job.cluster_size, "cluster_mode": job.cluster_mode,
             "gpus_per_replica": job.gpus_per_replica,
             **({"compute_group": job.compute_group.name} if job.compute_group else {})}
+
+
+def _ended(job: Job) -> str:
+    return _("This job already ended (%(status)s).") % {"status": job.status}
+
+
+def _some(names: list[str]) -> str:
+    """The first eight names, and … when there are more."""
+    return ", ".join(names[:8]) + (" …" if len(names) > 8 else "")
 
 
 def _invalid(errors: dict) -> ServiceError:
@@ -743,7 +772,8 @@ def _timestamp(value):
 
 
 def _printable(text: str) -> str:
-    return "".join(ch for ch in text if ch.isprintable())
+    # Line breaks and tabs stay: a scheduler's or runner's error is read line by line.
+    return "".join(ch for ch in text if ch in "\n\t" or ch.isprintable())
 
 
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import shlex
 from datetime import timedelta
 from pathlib import PurePosixPath
 
@@ -23,11 +22,10 @@ from django.urls import reverse
 from django.utils import timezone
 from django.utils.timesince import timesince
 from django.utils.translation import gettext as _
-from django.utils.translation import gettext_noop
 from django.views.decorators.http import require_GET, require_http_methods
 from django_htmx.http import HttpResponseStopPolling
 
-from jobs import access, services, waiting
+from jobs import access, services, timeline, waiting
 from jobs.charts import job_charts
 from computers.choices import Kind
 from datasets import services as dataset_services
@@ -41,24 +39,12 @@ from mado.errors import ServiceError
 from mado.services import Actor
 from mado.validation import BIGINT_MAX, as_int
 from sites.choices import SubmissionMethod
-from sites.models import SiteSettings
+from sites.models import SiteSettings, Submission
 from sites.views import manual_instructions
 
 LIST_PAGE = 50
 LOG_TAIL = 2000   # chunks shown when the page opens; the whole log is a download away
 LOG_PAGE = 500    # chunks per poll, so a burst of output catches up in a few polls
-# The timeline's messages are written by jobs.services in English ("Claimed by worker w1"); the page
-# shows the kind in the reader's language and the rest of the message after it.
-EVENT_LABELS = {
-    "created": gettext_noop("Created"),
-    "claimed": gettext_noop("Claimed"),
-    "started": gettext_noop("Started"),
-    "stop_requested": gettext_noop("Stop requested"),
-    "finished": gettext_noop("Finished"),
-    "failed": gettext_noop("Failed"),
-    "canceled": gettext_noop("Canceled"),
-}
-
 
 # Jobs list --------------------------------------------------------------------------------------
 
@@ -252,6 +238,9 @@ def _panels(request, job: Job) -> dict:
     events = list(job.events.all())
     metric_stamp = job.metrics.aggregate(n=Count("id"), last=Max("id"))
     waiting_reason = waiting.reason(job)
+    submission = (Submission.objects.filter(job=job).select_related("launcher", "submitted_by").first()
+                  if job.target is not None and job.target.kind == Kind.SITE else None)
+    error = _error_text(job, submission)
     version = "|".join(map(str, [waiting_reason,
         job.status, job.end_reason, job.exit_code, job.worker_id, job.target_id, job.stop_requested_at,
         job.is_unresponsive,
@@ -263,8 +252,9 @@ def _panels(request, job: Job) -> dict:
         "job": job,
         "refusal": access.stop_refusal(request.user, job),
         "can_mark_lost": job.is_unresponsive and access.can_mark_lost(request.user, job),
-        "timeline": [_timeline_entry(event) for event in events],
-        "command_line": shlex.join(job.command) if isinstance(job.command, list) else str(job.command),
+        "timeline": timeline.timeline(events, error=(job.error, error)),
+        "claimer": _claimer(job, events, submission),
+        "error": error,
         "walltime": _duration(job.walltime_seconds),
         "heartbeat_age": _age(job.heartbeat_at) if job.heartbeat_at else "",
         "charts": charts,
@@ -279,12 +269,38 @@ def _panels(request, job: Job) -> dict:
     }
 
 
-def _timeline_entry(event) -> tuple:
-    english = EVENT_LABELS.get(event.kind)
-    if english is None:
-        return event, event.kind, event.message
-    rest = event.message[len(english):].strip() if event.message.startswith(english) else event.message
-    return event, _(english), rest
+def _error_text(job: Job, submission) -> str:
+    """The Job's error with its line breaks. A site's scheduler error is kept whole by its submission;
+    the Job keeps it with the line breaks taken out (jobs.services._finish), so the page shows the
+    submission's when the two are the same text."""
+    if submission is not None and submission.error and job.error:
+        flat = "".join(ch for ch in submission.error if ch.isprintable())
+        if flat and flat[:len(job.error)] == job.error:
+            return submission.error
+    return job.error
+
+
+def _claimer(job: Job, events: list, submission) -> dict:
+    """Who took the Job from the queue, as its claim recorded it: its worker; for a site, the launcher or
+    the person whose `mado-tracking submit` did (sites.models.Submission), so the Details say what the
+    timeline's "Claimed by" line says. `who` is None while nobody has."""
+    site = job.target is not None and job.target.kind == Kind.SITE
+    label = _("Submitted by") if site else _("Worker")
+    if job.worker is not None:
+        return {"label": label, "who": job.worker.worker_id}
+    if submission is not None and submission.launcher is not None:
+        return {"label": label, "who": _("launcher %(name)s") % {"name": submission.launcher.name}}
+    if submission is not None and submission.submitted_by is not None:
+        return {"label": label, "who": _("%(user)s with mado-tracking submit")
+                % {"user": submission.submitted_by.get_username()}}
+    claim = timeline.last_claim(events)
+    if claim is not None:
+        return {"label": label, "who": claim.text}
+    if site:
+        nobody = _("Never submitted") if job.is_terminal else _("Not submitted yet")
+    else:
+        nobody = _("Never claimed") if job.is_terminal else _("Not claimed yet")
+    return {"label": label, "who": None, "nobody": nobody}
 
 
 def _age(moment) -> str:

@@ -101,3 +101,29 @@ def holder_label(user) -> str:
     """How a token's holder is named on pages, in the API and in audit rows."""
     account = service_account_of(user)
     return f"service account {account.name}" if account else user.username
+
+
+def projects_with_roles(user) -> list[tuple[Project, str, bool]]:
+    """Every project the user has a role in, with that role and whether it comes from being a global
+    administrator (an Admin everywhere, usually without a membership row) rather than a membership."""
+    if not user.is_authenticated or is_service_user(user) or is_job_principal(user):
+        return []
+    roles = dict(Membership.objects.filter(user=user).values_list("project_id", "role"))
+    result = []
+    for project in projects_visible_to(user).order_by("name", "slug"):
+        if user.is_superuser:
+            result.append((project, Role.ADMIN, roles.get(project.pk) != Role.ADMIN))
+        else:
+            result.append((project, roles[project.pk], False))
+    return result
+
+
+def can_manage_members(user, project: Project) -> bool:
+    """Project admins (and global administrators) add, change and remove members; service accounts
+    never manage people, whatever their role."""
+    return not is_service_user(user) and has_role(user, project, Role.ADMIN)
+
+
+def can_manage_users(user) -> bool:
+    """Creating people's accounts and their set-password links is for global administrators."""
+    return user.is_authenticated and user.is_superuser and not is_job_principal(user)

@@ -29,6 +29,42 @@ class TokenForm(forms.Form):
             self.fields["scopes"].initial = ["read"]
 
 
+class MemberAddForm(forms.Form):
+    username = forms.CharField(label=_("Username"), max_length=150,
+                               help_text=_("An existing user's username. A global administrator creates new users."))
+    role = forms.ChoiceField(label=_("Role"), choices=Role.choices, initial=Role.MEMBER)
+
+
+class MemberRoleForm(forms.Form):
+    role = forms.ChoiceField(label=_("Role"), choices=Role.choices)
+
+
+class UserCreateForm(forms.Form):
+    LINK = "link"
+    PASSWORD = "password"
+
+    username = forms.CharField(label=_("Username"), max_length=150,
+                               help_text=_("Letters, digits and @ . + - _ only."))
+    # Checked by services.create_user with the other fields, so one Save reports every problem.
+    email = forms.CharField(label=_("E-mail address"), max_length=254,
+                            widget=forms.EmailInput(attrs={"autocomplete": "off"}))
+    sign_in = forms.ChoiceField(
+        label=_("First sign-in"), widget=forms.RadioSelect, initial=LINK,
+        choices=[(LINK, _("A one-time link where the user sets a password")),
+                 (PASSWORD, _("An initial password that I hand over"))])
+    password = forms.CharField(label=_("Initial password"), required=False, strip=False,
+                               widget=forms.PasswordInput(render_value=True, attrs={"autocomplete": "new-password"}),
+                               help_text=_("Only with an initial password. At least 8 characters, not a common one."))
+
+    def clean(self):
+        data = super().clean()
+        if data.get("sign_in") == self.PASSWORD and not data.get("password"):
+            self.add_error("password", _("Enter the initial password, or choose the one-time link."))
+        if data.get("sign_in") == self.LINK:
+            data["password"] = ""
+        return data
+
+
 def add_service_error(form: forms.Form, error, *, renamed: dict[str, str] | None = None) -> None:
     """Show a refusal from a service on the form: with several fields named, each field gets its own
     sentences; with one, it gets the whole sentence; otherwise the sentence goes above the form.

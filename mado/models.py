@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from django.conf import settings
+from django.core.exceptions import ObjectDoesNotExist
 from django.db import models
 from django.db.models.functions import Lower
 from django.utils import timezone
@@ -95,7 +96,11 @@ class ApiToken(models.Model):
         ordering = ["-created_at"]
 
     def __str__(self) -> str:
-        return f"{self.prefix}… ({self.kind}, {self.user})"
+        try:
+            holder = self.user.service_account.name
+        except (ObjectDoesNotExist, AttributeError):
+            holder = self.user.username
+        return f"{self.prefix}… ({self.kind}, {holder})"
 
     @property
     def is_revoked(self) -> bool:
@@ -111,7 +116,18 @@ class ApiToken(models.Model):
             return "revoked"
         if self.is_expired:
             return "expired"
+        if self.holder_disabled:
+            return "disabled"
         return "active"
+
+    @property
+    def holder_disabled(self) -> bool:
+        """A disabled service account's tokens stop working (authentication refuses them), though each
+        token row is untouched so that enabling the account is not needed to read what it had."""
+        try:
+            return self.user.service_account.is_disabled
+        except (ObjectDoesNotExist, AttributeError):
+            return False
 
 
 class JobToken(models.Model):

@@ -8,9 +8,17 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.contrib.auth.models import User
+from django.contrib.auth.password_validation import validate_password
+from django.contrib.auth.tokens import default_token_generator
+from django.contrib.auth.validators import UnicodeUsernameValidator
+from django.core.exceptions import ValidationError
+from django.core.validators import validate_email
 from django.db import IntegrityError, transaction
 from django.db.models import Q
 from django.utils import timezone
+from django.utils.encoding import force_bytes
+from django.utils.http import urlsafe_base64_encode
+from django.utils.translation import gettext as _
 
 from mado import access, tokens
 from mado.choices import SCOPE_MIN_ROLE, Role, Scope, TokenKind
@@ -82,29 +90,166 @@ def create_project(actor: Actor, *, slug: str, name: str = "") -> Project:
     return project
 
 
-def set_membership(actor: Actor, project: Project, *, username: str, role: str) -> Membership:
-    _require_role(actor, project, Role.ADMIN, "Only project admins can add members.")
+def set_membership(actor: Actor, project: Project, *, username: str, role: str, only_new: bool = False) -> Membership:
+    """Add a person to the project with a role, or change their role (the API's POST does both; the
+    Members page's Add dialog passes `only_new` so that it never silently changes an existing role).
+    The last admin of a project cannot be turned into a member or viewer."""
+    _require_role(actor, project, Role.ADMIN, _("Only project admins can add members or change their roles."))
     if role not in Role.values:
-        raise ServiceError(f"Role must be one of {', '.join(Role.values)}.", "invalid_role", fields={"role": ["Unknown role."]})
+        raise ServiceError(_("Role must be one of %(roles)s.") % {"roles": ", ".join(Role.values)}, "invalid_role",
+                           fields={"role": [_("Unknown role.")]})
+    username = (username or "").strip()
     user = User.objects.filter(username=username).first()
     if user is None:
-        raise ServiceError(f"No user named {username}; check the spelling or create the user first.", "unknown_user",
-                           fields={"username": ["Unknown user."]})
+        raise ServiceError(
+            _("No user named %(username)s; check the spelling, or ask a global administrator to create the user "
+              "first.") % {"username": username},
+            "unknown_user", fields={"username": [_("Unknown user.")]})
     if access.is_service_user(user):
-        raise ServiceError("Service accounts belong to one project and cannot be added as members.",
-                           "service_account_not_member", fields={"username": ["This is a service account."]})
+        raise ServiceError(_("Service accounts belong to one project and cannot be added as members."),
+                           "service_account_not_member", fields={"username": [_("This is a service account.")]})
     with transaction.atomic():
-        # get_or_create on the unique (project, user): two admins adding the same person at once
-        # end with one membership.
-        membership, created = Membership.objects.select_for_update().get_or_create(
-            project=project, user=user, defaults={"role": role})
-        before = None if created else {"role": membership.role}
-        if not created:
-            membership.role = role
-            membership.save(update_fields=["role"])
-        audit(actor, "membership.create" if created else "membership.update", membership, project=project,
-              before=before, after={"username": username, "role": role})
+        _lock_memberships(project)
+        membership = Membership.objects.filter(project=project, user=user).first()
+        if membership is None:
+            try:
+                with transaction.atomic():
+                    membership = Membership.objects.create(project=project, user=user, role=role)
+            except IntegrityError:
+                # Only reachable where the lock above is a no-op (SQLite serialises writers anyway).
+                membership = Membership.objects.get(project=project, user=user)
+            else:
+                audit(actor, "membership.create", membership, project=project,
+                      after={"username": username, "role": role})
+                return membership
+        if only_new:
+            raise Conflict(
+                _("%(username)s is already a member of %(project)s with the role %(role)s; use Change role "
+                  "instead.") % {"username": username, "project": project.name, "role": Role(membership.role).label},
+                "already_member", fields={"username": [_("Already a member.")]})
+        if membership.role == role:
+            return membership
+        refusal = last_admin_refusal(project, membership, removing=False) if role != Role.ADMIN else None
+        if refusal is not None:
+            raise refusal
+        before = {"role": membership.role}
+        membership.role = role
+        membership.save(update_fields=["role"])
+        audit(actor, "membership.update", membership, project=project, before=before,
+              after={"username": username, "role": role})
     return membership
+
+
+def remove_membership(actor: Actor, project: Project, *, username: str) -> None:
+    """Take a person out of the project. Their personal tokens of the project stop working at the next
+    request (their role is gone); the last admin cannot be removed."""
+    _require_role(actor, project, Role.ADMIN, _("Only project admins can remove members."))
+    with transaction.atomic():
+        _lock_memberships(project)
+        membership = Membership.objects.select_related("user").filter(project=project, user__username=username).first()
+        if membership is None:
+            raise ServiceError(_("%(username)s is not a member of %(project)s.")
+                               % {"username": username, "project": project.name}, "not_a_member", status=404)
+        refusal = last_admin_refusal(project, membership, removing=True)
+        if refusal is not None:
+            raise refusal
+        audit(actor, "membership.delete", membership, project=project,
+              before={"username": username, "role": membership.role})
+        membership.delete()
+
+
+def _lock_memberships(project: Project) -> None:
+    """Membership changes of one project run one at a time: two admins demoting or removing each other at
+    the same moment would otherwise both see another admin left and leave the project with none."""
+    Project.objects.select_for_update().filter(pk=project.pk).first()
+
+
+def last_admin_refusal(project: Project, membership: Membership, *, removing: bool) -> Conflict | None:
+    """Why this membership cannot be removed (or lose the Admin role), or None: a project keeps at least
+    one admin. The Members page asks before offering the button; the services raise it."""
+    if membership.role != Role.ADMIN:
+        return None
+    if Membership.objects.filter(project=project, role=Role.ADMIN).exclude(pk=membership.pk).exists():
+        return None
+    name = membership.user.username
+    if removing:
+        message = _("%(username)s is the last admin of %(project)s and cannot be removed: give another member the "
+                    "Admin role first.")
+    else:
+        message = _("%(username)s is the last admin of %(project)s and must keep the Admin role: give another "
+                    "member the Admin role first.")
+    return Conflict(message % {"username": name, "project": project.name}, "last_admin",
+                    fields=None if removing else {"role": [_("The last admin.")]})
+
+
+# Users ------------------------------------------------------------------------------------------
+
+def create_user(actor: Actor, *, username: str, email: str, password: str = "") -> User:
+    """A global administrator creates a person's account: with an initial password, or with none (an
+    unusable one) and a one-time set-password link from `set_password_link`."""
+    _require_global_admin(actor, _("Only global administrators can create users."))
+    username = (username or "").strip()
+    email = (email or "").strip()
+    errors: dict[str, list[str]] = {}
+    try:
+        UnicodeUsernameValidator()(username)
+        if not username or len(username) > 150:
+            raise ValidationError("length")
+    except ValidationError:
+        errors["username"] = [_("Use up to 150 letters, digits and @ . + - _ characters.")]
+    else:
+        # Usernames are matched exactly when signing in; two that differ only in case would be confusing.
+        if User.objects.filter(username__iexact=username).exists():
+            errors["username"] = [_("A user named %(username)s already exists.") % {"username": username}]
+    try:
+        validate_email(email)
+    except ValidationError:
+        errors["email"] = [_("Enter an e-mail address such as name@example.org.")]
+    if password:
+        try:
+            validate_password(password, User(username=username, email=email))
+        except ValidationError as error:
+            errors["password"] = list(error.messages)
+    if errors:
+        first = next(iter(errors.values()))[0]
+        raise ServiceError(first if len(errors) == 1 else _("Correct the fields marked below."), "invalid_user",
+                           fields=errors)
+    try:
+        with transaction.atomic():
+            user = User(username=username, email=email)
+            if password:
+                user.set_password(password)
+            else:
+                user.set_unusable_password()
+            user.save()
+            audit(actor, "user.create", user,
+                  after={"username": username, "email": email, "password": "initial" if password else "link"})
+    except IntegrityError:
+        raise Conflict(_("A user named %(username)s already exists.") % {"username": username}, "user_exists",
+                       fields={"username": [_("Already taken.")]}) from None
+    return user
+
+
+def set_password_link(actor: Actor, user: User) -> tuple[str, str]:
+    """The (uidb64, token) of a one-time set-password link: Django's password-reset tokens, which stop
+    working once the password is set (or after PASSWORD_RESET_TIMEOUT). Never stored, never audited."""
+    _require_global_admin(actor, _("Only global administrators can create set-password links."))
+    if access.is_service_user(user):
+        raise ServiceError(_("Service accounts have no password; they use API tokens."), "service_account_no_password")
+    if not user.is_active:
+        raise ServiceError(_("%(username)s is deactivated; activate the user first.") % {"username": user.username},
+                           "user_inactive")
+    with transaction.atomic():
+        audit(actor, "user.set_password_link", user, after={"username": user.username})
+    return urlsafe_base64_encode(force_bytes(user.pk)), default_token_generator.make_token(user)
+
+
+def set_password(user: User, password: str) -> None:
+    """Called by the set-password page once its link checked out: the person chose a password."""
+    with transaction.atomic():
+        user.set_password(password)
+        user.save(update_fields=["password"])
+        audit(Actor(user=user), "user.set_password", user, after={"username": user.username})
 
 
 # Service accounts -------------------------------------------------------------------------------
@@ -270,6 +415,11 @@ def revoke_job_tokens(job_id: int) -> int:
 
 
 # helpers ----------------------------------------------------------------------------------------
+
+def _require_global_admin(actor: Actor, message: str) -> None:
+    if actor.user is not None and not actor.user.is_superuser:
+        raise Forbidden(message, "global_admin_required")
+
 
 def _require_role(actor: Actor, project: Project, minimum: str, message: str) -> None:
     if actor.user is None:  # operator commands act as the system

@@ -1,12 +1,18 @@
-"""HTML pages of the identity app: the shell, project settings, service accounts and tokens."""
+"""HTML pages of the identity app: the shell, project settings (members, service accounts, tokens),
+Global administration → Users, and the set-password page of a one-time link."""
 from __future__ import annotations
 
 import json
 import math
 
+from django.conf import settings
+from django.contrib import messages
+from django.contrib.auth import views as auth_views
 from django.contrib.auth.decorators import login_required
 from django.contrib.auth.forms import AuthenticationForm
-from django.db.models import Count, Q
+from django.contrib.auth.models import User
+from django.core.exceptions import PermissionDenied
+from django.db.models import Count, Prefetch, Q
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.utils import timezone
@@ -19,8 +25,15 @@ from mado.choices import Role, TokenKind
 from mado.dialogs import dialog, dialog_done
 from mado.errors import ServiceError
 from mado.exceptions import json_bad_request, json_not_found, json_server_error
-from mado.forms import ServiceAccountForm, TokenForm, add_service_error
-from mado.models import ApiToken, ServiceAccount
+from mado.forms import (
+    MemberAddForm,
+    MemberRoleForm,
+    ServiceAccountForm,
+    TokenForm,
+    UserCreateForm,
+    add_service_error,
+)
+from mado.models import ApiToken, Membership, ServiceAccount
 
 
 @login_required
@@ -37,8 +50,13 @@ def home(request):
 
 @login_required
 def global_settings(request):
-    memberships = request.user.memberships.select_related("project")
-    return render(request, "mado/global_settings.html", {"memberships": memberships})
+    # Every project the user has a role in. A global administrator is an Admin of every project without
+    # a membership row, which is why listing memberships alone left the demo admin's list empty.
+    projects = [{"project": project, "role_label": Role(role).label, "global_admin": via_global_admin}
+                for project, role, via_global_admin in access.projects_with_roles(request.user)]
+    return render(request, "mado/global_settings.html", {
+        "projects": projects, "can_manage_users": access.can_manage_users(request.user),
+    })
 
 
 @login_required
@@ -50,6 +68,174 @@ def project_home(request, project):
         "role_label": role.label,
         "is_project_admin": role == Role.ADMIN,
     })
+
+
+# Members ----------------------------------------------------------------------------------------
+
+def _members_project(request, project):
+    """Project settings → Members is for project admins (global administrators included); members and
+    viewers get 403, people outside the project 404."""
+    project = access.project_for_user(request.user, project, Role.ADMIN)
+    if not access.can_manage_members(request.user, project):
+        raise PermissionDenied(_("Only project admins can manage members."))
+    return project
+
+
+@login_required
+def members(request, project):
+    project = _members_project(request, project)
+    memberships = project.memberships.select_related("user").order_by("user__username")
+    admins = sum(1 for m in memberships if m.role == Role.ADMIN)
+    context = {"project": project, "memberships": memberships, "admin_count": admins, "is_project_admin": True}
+    if request.htmx and request.GET.get("fragment") == "list":
+        return render(request, "mado/partials/_member_list.html", context)
+    return render(request, "mado/members.html", context)
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def member_add(request, project):
+    project = _members_project(request, project)
+    form = MemberAddForm(request.POST or None)
+    if request.method == "POST" and form.is_valid():
+        try:
+            services.set_membership(services.Actor.from_request(request), project, only_new=True, **form.cleaned_data)
+        except ServiceError as error:
+            add_service_error(form, error)
+        else:
+            return dialog_done(request, "membersChanged", reverse("project-members", args=[project.slug]))
+    return dialog(request, "mado/partials/_member_add_form.html", {"project": project, "form": form},
+                  back=reverse("project-members", args=[project.slug]))
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def member_role(request, project, membership_id):
+    project = _members_project(request, project)
+    membership = get_object_or_404(Membership.objects.select_related("user"), pk=membership_id, project=project)
+    form = MemberRoleForm(request.POST or None, initial={"role": membership.role})
+    if request.method == "POST" and form.is_valid():
+        try:
+            services.set_membership(services.Actor.from_request(request), project,
+                                    username=membership.user.username, role=form.cleaned_data["role"])
+        except ServiceError as error:
+            add_service_error(form, error)
+        else:
+            return dialog_done(request, "membersChanged", reverse("project-members", args=[project.slug]))
+    return dialog(request, "mado/partials/_member_role_form.html",
+                  {"project": project, "membership": membership, "form": form},
+                  back=reverse("project-members", args=[project.slug]))
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def member_remove(request, project, membership_id):
+    project = _members_project(request, project)
+    membership = get_object_or_404(Membership.objects.select_related("user"), pk=membership_id, project=project)
+    refusal = services.last_admin_refusal(project, membership, removing=True)
+    if request.method == "POST" and refusal is None:
+        try:
+            services.remove_membership(services.Actor.from_request(request), project,
+                                       username=membership.user.username)
+        except ServiceError as error:
+            refusal = error
+        else:
+            return dialog_done(request, "membersChanged", reverse("project-members", args=[project.slug]))
+    return dialog(request, "mado/partials/_member_remove.html",
+                  {"project": project, "membership": membership, "refusal": refusal},
+                  back=reverse("project-members", args=[project.slug]))
+
+
+# Global administration → Users ------------------------------------------------------------------
+
+def _require_user_admin(request) -> None:
+    if not access.can_manage_users(request.user):
+        raise PermissionDenied(_("Only global administrators can manage users."))
+
+
+@login_required
+def users(request):
+    _require_user_admin(request)
+    people = (User.objects.filter(service_account__isnull=True).order_by("username")
+              .prefetch_related(Prefetch("memberships", Membership.objects.select_related("project")
+                                         .order_by("project__name"))))
+    context = {"people": people}
+    if request.htmx and request.GET.get("fragment") == "list":
+        return render(request, "mado/partials/_user_list.html", context)
+    return render(request, "mado/users.html", context)
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def user_create(request):
+    _require_user_admin(request)
+    form = UserCreateForm(request.POST or None)
+    if request.method == "POST" and form.is_valid():
+        data = form.cleaned_data
+        actor = services.Actor.from_request(request)
+        try:
+            user = services.create_user(actor, username=data["username"], email=data["email"],
+                                        password=data["password"])
+        except ServiceError as error:
+            add_service_error(form, error)
+        else:
+            link = None if data["password"] else _set_password_url(actor, user)
+            return _user_ready(request, user, link, created=True)
+    return dialog(request, "mado/partials/_user_form.html", {"form": form}, back=reverse("users"))
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def user_set_password_link(request, user_id):
+    _require_user_admin(request)
+    person = get_object_or_404(User.objects.filter(service_account__isnull=True), pk=user_id)
+    error = None
+    if request.method == "POST":
+        try:
+            link = _set_password_url(services.Actor.from_request(request), person)
+        except ServiceError as refused:
+            error = refused.message
+        else:
+            return _user_ready(request, person, link, created=False)
+    return dialog(request, "mado/partials/_user_link_confirm.html", {"person": person, "error": error},
+                  back=reverse("users"))
+
+
+def _set_password_url(actor, user) -> str:
+    uidb64, token = services.set_password_link(actor, user)
+    return settings.PUBLIC_URL.rstrip("/") + reverse("set-password", args=[uidb64, token])
+
+
+def _user_ready(request, person, link: str | None, *, created: bool):
+    """The answer after creating a user or a new link: the link is shown once, like a token."""
+    response = dialog(request, "mado/partials/_user_ready.html",
+                      {"person": person, "link": link, "created": created,
+                       "timeout_days": max(1, settings.PASSWORD_RESET_TIMEOUT // 86400)},
+                      back=reverse("users"))
+    response["Cache-Control"] = "no-store"
+    if request.htmx:
+        response["HX-Trigger"] = json.dumps({"usersChanged": True})
+    return response
+
+
+class SetPasswordView(auth_views.PasswordResetConfirmView):
+    """The page a one-time set-password link opens. Django's password-reset tokens: the link stops
+    working once a password is set. The password is written by services.set_password (audited)."""
+
+    template_name = "registration/set_password.html"
+    post_reset_login = False
+
+    def get_user(self, uidb64):
+        user = super().get_user(uidb64)
+        if user is not None and (access.is_service_user(user) or not user.is_active):
+            return None
+        return user
+
+    def form_valid(self, form):
+        services.set_password(self.user, form.cleaned_data["new_password1"])
+        del self.request.session[auth_views.INTERNAL_RESET_SESSION_TOKEN]
+        messages.success(self.request, _("Your password is set. Sign in with it."))
+        return redirect("login")
 
 
 # Service accounts -------------------------------------------------------------------------------

@@ -59,3 +59,20 @@ def chromium_page(live_server):
             from django.db import connections
 
             connections.close_all()
+
+
+def sign_in(browser: BrowserPage, username: str, password: str, *, next_path: str = "",
+            button: str = "Sign in") -> None:
+    """Sign in through the login form as a person does, and wait for the page it leads to.
+
+    `next_path` is where the form sends you afterwards (the login page's `?next=`); without it you land
+    where the product sends you (the first project you can see). `button` is the form's button in the
+    browser's language."""
+    from playwright.sync_api import expect
+
+    page = browser.page
+    browser.goto("/login/" + (f"?next={next_path}" if next_path else ""))
+    page.fill("#id_username", username)
+    page.fill("#id_password", password)
+    page.get_by_role("button", name=button).click()
+    expect(page.locator("#id_password")).to_have_count(0)  # left the login page: the password was taken

@@ -265,3 +265,44 @@ def test_a_signed_in_researcher_is_sent_to_the_admin_login(client, world, gpu_bo
     job = make_job(world, gpu_box)
     client.post(changelist(Job), {"action": "request_stop", "_selected_action": [job.pk]})
     assert Job.objects.get(pk=job.pk).status == "queued"
+
+
+def test_service_accounts_are_named_by_their_name_not_their_internal_username(root, world):
+    from django.contrib.auth.models import User
+
+    from mado.models import ApiToken, ServiceAccount
+
+    internal = world.service_account.user.username
+    assert internal.startswith("sa-")
+    from mado.services import audit
+
+    audit(Actor(world.service_account.user), "worker.hello", world.service_account, project=world.project)
+    token = ApiToken.objects.get(prefix=world.worker_token[:12])
+    for url in (changelist(ApiToken), changelist(AuditEvent), change_url(world.service_account),
+                changelist(ServiceAccount)):
+        text = page(root, url)
+        assert "gpu-host-1-worker" in text, url
+        assert internal not in text, url
+    detail = page(root, change_url(token))
+    assert "gpu-host-1-worker (service account, lab)" in detail.split("</title>")[0]
+    people = page(root, changelist(User) + "?kind=service")
+    assert "gpu-host-1-worker (lab)" in people and "alice-bot (lab)" in people
+    assert ">bob<" not in people
+
+
+def test_dataset_versions_are_read_only(root, world):
+    from datasets.models import Dataset, DatasetVersion
+
+    dataset = Dataset.objects.create(project=world.project, name="imagenet-mini", created_by=world.member)
+    version = DatasetVersion.objects.create(dataset=dataset, number=1, status="complete", file_count=3, total_size=30,
+                                            digest="sha256:" + "ab" * 32, created_by=world.member)
+    listed = page(root, changelist(DatasetVersion))
+    assert change_url(version) in listed
+    detail = page(root, change_url(version))
+    assert 'name="_save"' not in detail and "imagenet-mini" in detail
+    assert root.post(change_url(version), {"status": "uploading", "file_count": 0}).status_code == 403
+    delete = reverse("admin:datasets_datasetversion_delete", args=[version.pk])
+    assert root.post(delete, {"post": "yes"}).status_code == 403
+    assert root.get(reverse("admin:datasets_datasetversion_add")).status_code == 403
+    version.refresh_from_db()
+    assert (version.status, version.file_count) == ("complete", 3)

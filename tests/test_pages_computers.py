@@ -713,6 +713,9 @@ def test_check_connection_in_the_details_asks_the_last_worker_and_redraws_the_de
 def test_a_check_nobody_picks_up_tells_the_details_where_to_look(client, world, machines):
     from datetime import timedelta
 
+    # A worker of alice's service account handles alice-box, so the unnamed check is asked; it never claims.
+    bot_token = world.token(world.alices_account.user, ["read", "worker:execute"], kind="service")
+    assert ScriptedWorker(bot_token, "alice-bot-worker", target_ids=[machines.alices.pk]).hello().status_code == 200
     signed_in(client, world.project_admin)
     client.post(reverse("computer-check-request", args=[machines.alices.pk]), **HTMX)
     check = machines.alices.checks.get()

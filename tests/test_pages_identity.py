@@ -438,3 +438,23 @@ def test_the_personal_token_dialog_preselects_the_scopes_a_shortcut_asks_for_and
     checked = set(re.findall(r'name="scopes" value="([^"]+)"[^>]*checked', page))
     assert checked == {"read", "jobs:write"}
     assert 'value="worker:execute"' not in page
+
+
+def test_tokens_of_a_disabled_service_account_show_as_unusable_without_revoke(client, world):
+    """The API refuses them (401) from the moment the account is disabled; the list said Active with Revoke."""
+    prefix = world.worker_token[:12]
+    services.disable_service_account(services.Actor(world.project_admin), world.service_account)
+    assert token_works(world.worker_token) == 401
+    signed_in(client, world.project_admin)
+    page = html(client.get(sa_url("project-tokens")))
+    row = page.split(f'data-token-prefix="{prefix}"')[1].split("</tr>")[0]
+    assert "Disabled (service account)" in row and ">Active<" not in row
+    assert "Revoke" not in row
+    # A person's token next to it is still Active with Revoke.
+    own = ApiToken.objects.filter(user=world.project_admin).first() or services.issue_personal_token(
+        services.Actor(world.project_admin), world.project, scopes=["read"])[0]
+    mine = html(client.get(sa_url("project-tokens"))).split(f'data-token-prefix="{own.prefix}"')[1].split("</tr>")[0]
+    assert ">Active<" in mine and "Revoke" in mine
+    client.cookies["django_language"] = "ja"
+    page = html(client.get(sa_url("project-tokens")))
+    assert "無効（Service Account）" in page.split(f'data-token-prefix="{prefix}"')[1].split("</tr>")[0]

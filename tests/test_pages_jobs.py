@@ -537,7 +537,8 @@ class TestJapanese:
         assert '<html lang="ja">' in page
         assert "<th>操作</th>" in page  # Actions, from the catalogue
         with translation.override("ja"):
-            expected = [translation.gettext(text) for text in ("Jobs", "Creator", "Request stop", "Create job")]
+            expected = [translation.pgettext("jobs page", "Jobs")]
+            expected += [translation.gettext(text) for text in ("Creator", "Request stop", "Create job")]
         for text in expected:
             assert text in page
         dialog = html(client.get(urls(job)["stop"], HTTP_ACCEPT_LANGUAGE="ja", **HTMX))

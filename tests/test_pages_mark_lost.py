@@ -97,7 +97,7 @@ def test_a_job_that_answers_again_is_not_marked_and_the_dialog_says_why(world, c
     response = client.post(lost_url(job), **HTMX)
     assert response.status_code == 200  # shown in the dialog: htmx swaps no 4xx answer
     body = response.content.decode()
-    assert 'role="alert">Only a Job that is Not responding' in body
+    assert 'role="alert">Only a Job that shows No response' in body
     assert "Its worker is responding again, so this Job is not marked as lost." in body
     assert "<form" not in body
     job.refresh_from_db()

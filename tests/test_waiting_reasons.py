@@ -202,7 +202,11 @@ def test_a_job_that_a_worker_will_claim_and_jobs_not_queued_say_nothing(world, c
 
 
 def test_a_cluster_job_keeps_the_cluster_sentence(world, client, gpu_box, job_worker):
+    # Created while the computer had 6 GPUs (creation refuses what can never start); it has 4 now.
+    ComputeTarget.objects.filter(pk=gpu_box.pk).update(gpu_ids=["0", "1", "2", "3", "4", "5"])
     job = make_job(world, gpu_box, cluster_size=3, gpus_per_replica=2)
+    ComputeTarget.objects.filter(pk=gpu_box.pk).update(gpu_ids=["0", "1", "2", "3"])
+    job.target.refresh_from_db()
     sentence = cluster.queued_reason(job)
     assert sentence.startswith("Needs 3 replicas × 2 GPUs; gpu-host-1 can hold at most 2")
     assert waiting.reason(job) == sentence

@@ -25,6 +25,8 @@ BOOTSTRAP = ('for p in "$1" python3 /usr/bin/python3 /usr/local/bin/python3; do 
              'echo "no python3" >&2; exit 127')
 
 
+# Details are English sentences; the server shows them in the reader's language by matching them
+# against computers/check_details.py (unknown text is shown as sent): change a wording there too.
 def _item(key: str, status: str, code: str | None = None, detail: str = "") -> dict:
     return {"key": key, "status": status, "code": code, "detail": detail}
 

@@ -52,6 +52,8 @@ def first_line(text):
     return ""
 
 
+# Details are English sentences; the server shows them in the reader's language by matching them
+# against computers/check_details.py (unknown text is shown as sent): change a wording there too.
 def item(key, status, code=None, detail=""):
     return {"key": key, "status": status, "code": code, "detail": detail}
 

@@ -15,10 +15,12 @@ from workers.models import Worker
 def project_compute(request, project):
     """Viewers and above. Computers: Public ones and the viewer's own Private ones (computers.access)."""
     project = access.project_for_user(request.user, project)
-    computers = list(computer_access.usable_by(request.user).select_related("owner"))
+    # Enabled ones first: a disabled computer is listed, and marked, but runs nothing new.
+    computers = list(computer_access.usable_by(request.user).select_related("owner").order_by("-enabled", "name"))
     workers = list(Worker.objects.filter(project=project).order_by("worker_id", "-last_seen_at"))
     return render(request, "workers/project_compute.html", {
         "project": project,
         "computers": computers,
+        "disabled_count": sum(1 for c in computers if not c.enabled),
         "workers": workers,
     })

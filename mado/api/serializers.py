@@ -5,7 +5,7 @@ from rest_framework import serializers
 
 from mado import access
 from mado.choices import Role, Scope
-from mado.models import ApiToken, Project, ServiceAccount
+from mado.models import ApiToken, Membership, Project, ServiceAccount
 
 
 class ProjectCreateSerializer(serializers.Serializer):
@@ -27,6 +27,15 @@ class ProjectSerializer(serializers.ModelSerializer):
 class MemberSerializer(serializers.Serializer):
     username = serializers.CharField(max_length=150)
     role = serializers.ChoiceField(choices=Role.choices)
+
+
+class MembershipSerializer(serializers.ModelSerializer):
+    username = serializers.CharField(source="user.username", read_only=True)
+    email = serializers.CharField(source="user.email", read_only=True)
+
+    class Meta:
+        model = Membership
+        fields = ["username", "email", "role", "created_at"]
 
 
 class ServiceAccountCreateSerializer(serializers.Serializer):

@@ -9,6 +9,7 @@ urlpatterns = [
     path("auth/token", views.AuthTokenView.as_view(), name="api-auth-token"),
     path("projects", views.ProjectListView.as_view(), name="api-projects"),
     path("projects/<slug:project>/members", views.MemberView.as_view(), name="api-members"),
+    path("projects/<slug:project>/members/<str:username>", views.MemberDetailView.as_view(), name="api-member"),
     path("projects/<slug:project>/service-accounts", views.ServiceAccountListView.as_view(), name="api-service-accounts"),
     path("projects/<slug:project>/service-accounts/<int:account_id>/tokens", views.ServiceAccountTokenView.as_view(),
          name="api-service-account-tokens"),

@@ -95,7 +95,13 @@ class ProjectListView(APIView):
 
 
 class MemberView(APIView):
-    required_scopes = {"POST": Scope.ADMIN}
+    required_scopes = {"GET": Scope.READ, "POST": Scope.ADMIN}
+
+    @extend_schema(responses=s.envelope(s.MembershipSerializer, "MemberList"))
+    def get(self, request, project):
+        project = project_for(request, project, Role.ADMIN)
+        memberships = project.memberships.select_related("user").order_by("user__username")
+        return Response(items(s.MembershipSerializer(memberships, many=True).data))
 
     @extend_schema(request=s.MemberSerializer, responses={201: s.MemberSerializer})
     def post(self, request, project):
@@ -103,6 +109,16 @@ class MemberView(APIView):
         data = _valid(s.MemberSerializer, request)
         membership = services.set_membership(services.Actor.from_request(request), project, **data)
         return Response({"username": membership.user.username, "role": membership.role}, status=201)
+
+
+class MemberDetailView(APIView):
+    required_scopes = {"DELETE": Scope.ADMIN}
+
+    @extend_schema(request=None, responses={204: None})
+    def delete(self, request, project, username):
+        project = project_for(request, project, Role.ADMIN)
+        services.remove_membership(services.Actor.from_request(request), project, username=username)
+        return Response(status=204)
 
 
 class ServiceAccountListView(APIView):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from rest_framework.test import APIClient
 
-from computers.models import ComputeGroup
+from computers.models import ComputeGroup, ComputeTarget
 from tests.job_fixtures import gpu_computer
 from tests.sites.conftest import host_keys, launcher, make_site, site_fields  # noqa: F401  (fixtures)
 
@@ -45,3 +45,21 @@ def create(world, user=None, **fields) -> dict:
     response = session(user or world.member).post("/api/projects/lab/jobs", cluster_request(**fields), format="json")
     assert response.status_code == 201, response.content
     return response.json()
+
+
+def refused_create(world, user=None, **fields) -> dict:
+    """A cluster job the server refuses at creation: the 422 error body (nothing was created)."""
+    response = session(user or world.member).post("/api/projects/lab/jobs", cluster_request(**fields), format="json")
+    assert response.status_code == 422, response.content
+    return response.json()
+
+
+def created_then_shrunk(world, computer, *, gpus=(), concurrency=None, **fields) -> dict:
+    """A cluster job created while `computer` could hold it, which then lost GPUs or concurrent-job slots
+    (its owner changed it while the job was queued): what creation now refuses, for the claim and the
+    queued reason to meet."""
+    ComputeTarget.objects.filter(pk=computer.pk).update(gpu_ids=[str(i) for i in range(16)], concurrency=16)
+    job = create(world, computer=computer.pk, **fields)
+    ComputeTarget.objects.filter(pk=computer.pk).update(gpu_ids=list(gpus),
+                                                        concurrency=concurrency or computer.concurrency)
+    return job

@@ -5,7 +5,14 @@ from __future__ import annotations
 import pytest
 
 from jobs.models import GpuReservation, Job, JobReplica, LogChunk
-from tests.cluster.conftest import cluster_request, create, make_group, session
+from tests.cluster.conftest import (
+    cluster_request,
+    create,
+    created_then_shrunk,
+    make_group,
+    refused_create,
+    session,
+)
 from tests.conftest import assert_error
 from tests.job_fixtures import gpu_computer
 
@@ -108,14 +115,24 @@ class TestSingleNode:
         assert old.claim(active=[ordinary["id"]]) is None
         assert job_worker.claim()["replicas"][1]["name"] == "sub1"
 
-    def test_a_job_needing_more_gpus_than_the_computer_has_stays_queued_with_its_reason(self, world, gpu_box,
-                                                                                        job_worker):
-        big = create(world, computer=gpu_box.pk, cluster_size=3, gpus_per_replica=2)
+    def test_a_job_needing_more_gpus_than_the_computer_has_is_refused_with_why(self, world, gpu_box):
+        body = refused_create(world, computer=gpu_box.pk, cluster_size=3, gpus_per_replica=2)
+        assert body["code"] == "invalid_job" and list(body["fields"]) == ["cluster_size"]
+        assert body["fields"]["cluster_size"] == [
+            "Needs 3 replicas × 2 GPUs; gpu-host-1 can hold at most 2 (by GPUs and concurrent jobs), so it cannot "
+            "start. Ask for fewer replicas or GPUs, or choose another computer."]
+        assert body["error"] == body["fields"]["cluster_size"][0] and not Job.objects.exists()
+        assert create(world, computer=gpu_box.pk, cluster_size=2, gpus_per_replica=2)["status"] == "queued"
+
+    def test_a_job_whose_computer_lost_gpus_stays_queued_with_its_reason(self, world, gpu_box, job_worker):
+        big = created_then_shrunk(world, gpu_box, gpus=("0", "1", "2", "3"), cluster_size=3, gpus_per_replica=2)
         small = create(world, computer=gpu_box.pk, gpu_ids=["0"])
         assert job_worker.claim()["id"] == small["id"]  # the one that cannot fit holds nobody up
         body = session(world.member).get(f"/api/jobs/{big['id']}").json()
         assert body["status"] == "queued"
-        assert body["queued_reason"].startswith("Needs 3 replicas × 2 GPUs; gpu-host-1 can hold at most 2")
+        assert body["queued_reason"] == ("Needs 3 replicas × 2 GPUs; gpu-host-1 can hold at most 2 (by GPUs and "
+                                         "concurrent jobs), so it cannot start. Stop it and ask for fewer replicas "
+                                         "or GPUs.")
         assert not GpuReservation.objects.filter(job_id=big["id"]).exists()
 
     def test_a_disabled_computer_is_the_reason_given(self, world, gpu_box):
@@ -125,9 +142,18 @@ class TestSingleNode:
         body = session(world.member).get(f"/api/jobs/{job['id']}").json()
         assert body["queued_reason"] == "gpu-host-1 is disabled: it starts once its owner enables it again."
 
-    def test_more_replicas_than_concurrent_jobs_stays_queued(self, world, job_worker):
+    def test_more_replicas_than_concurrent_jobs_is_refused_with_why(self, world):
+        """Issue 15 item 7: cluster size 3 on a computer with concurrency 2 was accepted and waited for ever."""
         box = gpu_computer(world.global_admin, "small-box", gpus=(), concurrency=2)
-        job = create(world, computer=box.pk, cluster_size=3)
+        body = refused_create(world, computer=box.pk, cluster_size=3)
+        assert body["fields"]["cluster_size"] == [
+            "Needs 3 replicas × 0 GPUs; small-box can hold at most 2 (by GPUs and concurrent jobs), so it cannot "
+            "start. Ask for fewer replicas or GPUs, or choose another computer."]
+        assert not Job.objects.exists()
+
+    def test_a_computer_that_lost_concurrent_jobs_keeps_its_job_queued(self, world, job_worker):
+        box = gpu_computer(world.global_admin, "small-box", gpus=(), concurrency=2)
+        job = created_then_shrunk(world, box, concurrency=2, cluster_size=3)
         assert job_worker.claim() is None
         assert "can hold at most 2" in session(world.member).get(f"/api/jobs/{job['id']}").json()["queued_reason"]
 
@@ -174,19 +200,30 @@ class TestMultiNode:
         assert job_worker.complete(item).status_code == 200
         assert admin.patch(f"/api/computers/{node_a.pk}", {"gpu_ids": ["0"]}, format="json").status_code == 200
 
-    def test_too_big_for_the_whole_group_stays_queued_holding_nothing(self, world, lab_nodes, job_worker):
-        job = create(world, cluster_size=4, cluster_mode="multi-node", compute_group=lab_nodes.pk,
+    def test_too_big_for_the_whole_group_is_refused_with_why(self, world, lab_nodes):
+        body = refused_create(world, cluster_size=4, cluster_mode="multi-node", compute_group=lab_nodes.pk,
+                              gpus_per_replica=2)
+        assert body["fields"]["cluster_size"] == [
+            "Needs 4 replicas × 2 GPUs; the computers of lab-nodes can hold at most 3 (by GPUs and concurrent jobs), "
+            "so it cannot start. Ask for fewer replicas or GPUs, or choose another compute group."]
+        assert not Job.objects.exists()
+
+    def test_a_group_that_shrank_keeps_its_job_queued_holding_nothing(self, world, lab_nodes, node_b, job_worker):
+        job = create(world, cluster_size=3, cluster_mode="multi-node", compute_group=lab_nodes.pk,
                      gpus_per_replica=2)
+        lab_nodes.computers.remove(node_b)  # node-a alone holds one replica of 2 GPUs
         assert job_worker.claim() is None
         reason = session(world.member).get(f"/api/jobs/{job['id']}").json()["queued_reason"]
-        assert "the computers of lab-nodes can hold at most 3" in reason
+        assert "the computers of lab-nodes can hold at most 1" in reason and "Stop it" in reason
         assert not GpuReservation.objects.exists() and not JobReplica.objects.exists()
 
     def test_only_computers_the_creator_may_use_take_replicas(self, world, node_a, job_worker):
-        private = gpu_computer(world.global_admin, "root-box", gpus=("0", "1", "2", "3"), visibility="private")
-        group = make_group(world, "mixed", [node_a, private])
+        root_box = gpu_computer(world.global_admin, "root-box", gpus=("0", "1", "2", "3"))
+        group = make_group(world, "mixed", [node_a, root_box])
         create(world, cluster_size=3, cluster_mode="multi-node", compute_group=group.pk, gpus_per_replica=1)
-        assert job_worker.claim() is None  # node-a holds 2; root-box is not bob's to use
+        root_box.visibility = "private"  # made private while the job was queued
+        root_box.save(update_fields=["visibility"])
+        assert job_worker.claim() is None  # node-a holds 2; root-box is not bob's to use any more
         assert not GpuReservation.objects.exists()
 
     def test_a_worker_limited_to_some_computers_places_replicas_only_there(self, world, lab_nodes, node_a):
@@ -255,6 +292,6 @@ class TestReplicaLogsAndEnd:
         assert Job.objects.get().status == "canceled" and not GpuReservation.objects.exists()
 
     def test_a_queued_cluster_job_stops_at_once(self, world, gpu_box):
-        job = create(world, computer=gpu_box.pk, cluster_size=8, gpus_per_replica=1)
+        job = create(world, computer=gpu_box.pk, cluster_size=4, gpus_per_replica=1)
         body = session(world.member).post(f"/api/jobs/{job['id']}/stop").json()
         assert body["status"] == "canceled" and body["queued_reason"] is None

@@ -3,10 +3,12 @@ peer's explanation that resources are per replica, the job page's replica select
 logs, and why a queued cluster job waits."""
 from __future__ import annotations
 
+import re
+
 from django.urls import reverse
 
 from jobs.models import Job, LogChunk
-from tests.cluster.conftest import create, session
+from tests.cluster.conftest import create, created_then_shrunk, session
 
 HTMX = {"HTTP_HX_REQUEST": "true"}
 
@@ -45,8 +47,22 @@ def test_the_form_shows_the_services_refusals_under_the_cluster_fields(world, gp
     assert "Ensure this value is less than or equal to 64" in response.content.decode()
 
 
+def test_the_form_refuses_a_cluster_job_that_could_never_start_saying_why(world, gpu_box):
+    """Issue 15 item 7: the New job form shows the service's reason under Cluster size; nothing is created."""
+    response = session(world.member).post(reverse("job-create", args=["lab"]), {
+        "computer": gpu_box.pk, "runtime": "python", "command": "python train.py", "parameters": "{}",
+        "cluster_mode": "single-node", "cluster_size": "3", "gpus_per_replica": "2"})
+    page = response.content.decode()
+    assert response.status_code == 200 and not Job.objects.exists()
+    reason = ("Needs 3 replicas × 2 GPUs; gpu-host-1 can hold at most 2 (by GPUs and concurrent jobs), so it cannot "
+              "start. Ask for fewer replicas or GPUs, or choose another computer.")
+    # Under the field it is about, with what was typed kept.
+    field = re.search(r'<div class="field invalid" data-field="cluster_size">(.*?)</div>\s*</div>', page, re.DOTALL)
+    assert field and reason in field.group(1) and 'value="3"' in field.group(1), page
+
+
 def test_the_job_page_shows_why_a_cluster_job_waits(world, gpu_box):
-    job = create(world, computer=gpu_box.pk, cluster_size=3, gpus_per_replica=2)
+    job = created_then_shrunk(world, gpu_box, gpus=("0", "1", "2", "3"), cluster_size=3, gpus_per_replica=2)
     page = page_of(world, job["id"])
     assert "Why it waits" in page and "Needs 3 replicas × 2 GPUs; gpu-host-1 can hold at most 2" in page
     assert "3 replicas · Single node" in page and "2 GPUs per replica" in page

@@ -24,6 +24,14 @@ SAMPLE_CODE = (
     "    'metrics': [{'name': 'demo.loss', 'value': 1.0 / (s + 1), 'step': s} for s in range(3)]}))\n"
 )
 WORKER_SCOPES = [Scope.READ.value, Scope.WORKER_EXECUTE.value, Scope.ARTIFACTS_WRITE.value]
+# `make run` starts the demo worker with MMT_WORKER_TARGET_IDS read from this file in var/: the worker
+# then serves the Local computer by id, so the checks of its details (which name no worker) reach it.
+TARGET_IDS_FILE = "worker-target-ids"
+
+
+def write_text(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text + "\n")
 
 
 def write_private(path: Path, text: str) -> None:
@@ -51,9 +59,12 @@ class Command(BaseCommand):
                 account = services.create_service_account(
                     services.Actor(user=admin), project, name="local-worker", role=Role.ADMIN,
                     description="The worker that `make run` starts for the Local computer.")
+            target_ids = ""
             if settings.DEV_MODE:
                 local = self._local_computer(admin, var)
                 self._sample_job(admin, project, local)
+                target_ids = str(local.pk)
+            write_text(var / TARGET_IDS_FILE, target_ids)
             token_file = var / "worker-token"
             if not self._token_still_works(token_file):
                 _, plaintext = services.issue_token(
@@ -78,7 +89,7 @@ class Command(BaseCommand):
         write_private(password_file, password)
         return password
 
-    def _local_computer(self, admin, var: Path) -> None:
+    def _local_computer(self, admin, var: Path):
         """A Local computer, run by the worker that `make run` starts next to the server."""
         from computers.models import ComputeTarget
         from computers.services import register_computer
