@@ -12,6 +12,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
+from django.utils.translation import gettext as _
 
 from datasets import services as dataset_services
 from jobs import storage
@@ -96,9 +97,26 @@ def source_file(job: Job) -> Path:
 
 # result.json --------------------------------------------------------------------------------------
 
-def record_outputs(job: Job, *, result_text, files, manifest_text, token_scopes: frozenset[str]) -> list[str]:
+def output_file_limit(worker_max_files=None) -> tuple[int, str]:
+    """(most output files, the setting that decides it): the worker's MMT_WORKER_MAX_OUTPUT_FILES as it
+    reported it with its declaration, up to this server's MADO_MAX_OUTPUT_FILES. A declaration without it
+    (a site's runner, an older worker: they check their own limit first) gets the server's maximum."""
+    maximum = settings.MAX_OUTPUT_FILES
+    if worker_max_files is None:
+        return maximum, results.SERVER_LIMIT_SETTING
+    if isinstance(worker_max_files, bool) or not isinstance(worker_max_files, int) or worker_max_files < 1:
+        raise ServiceError(_("max_files is the worker's MMT_WORKER_MAX_OUTPUT_FILES, a whole number of at least 1."),
+                           "invalid", fields={"max_files": [_("A whole number of at least 1.")]})
+    if worker_max_files <= maximum:
+        return worker_max_files, results.WORKER_LIMIT_SETTING
+    return maximum, results.SERVER_LIMIT_SETTING
+
+
+def record_outputs(job: Job, *, result_text, files, manifest_text, token_scopes: frozenset[str],
+                   worker_max_files=None) -> list[str]:
     """Validate the result.json declaration against the files the worker saw; store metrics and the
-    artifacts to expect. Returns the artifact paths still to upload. Caller holds the job row lock."""
+    artifacts to expect. Returns the artifact paths still to upload. Caller holds the job row lock.
+    `worker_max_files`: the worker's MMT_WORKER_MAX_OUTPUT_FILES (see output_file_limit)."""
     if job.status not in HELD_STATUSES:
         raise Conflict(f"This job already ended ({job.status}).", "job_ended")
     if not isinstance(result_text, str):
@@ -112,10 +130,11 @@ def record_outputs(job: Job, *, result_text, files, manifest_text, token_scopes:
     except (KeyError, TypeError):
         raise ServiceError("Each file is {path, size, sha256, kind}.", "invalid", fields={"files": ["Invalid entry."]}) \
             from None
+    max_files, limit_setting = output_file_limit(worker_max_files)
     try:
         parsed = results.parse_result_json(result_text.encode())
-        validated = results.validate_result(parsed, listing, manifest_text=manifest_text,
-                                            max_files=settings.MAX_OUTPUT_FILES)
+        validated = results.validate_result(parsed, listing, manifest_text=manifest_text, max_files=max_files,
+                                            limit_setting=limit_setting)
     except results.ResultError as error:
         raise ServiceError(error.message, error.code,
                            fields={"result": [error.location]} if error.location else None) from None

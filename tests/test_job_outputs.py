@@ -10,7 +10,11 @@ import tarfile
 import pytest
 from rest_framework.test import APIClient
 
+from django.db import transaction
+
+from jobs import outputs
 from jobs.models import Artifact, Job, Metric
+from mado.errors import ServiceError
 from tests.conftest import assert_error, bearer
 from tests.job_fixtures import job_request
 
@@ -168,3 +172,65 @@ def test_a_source_over_the_limit_gets_413(world, settings, tmp_path):
     assert_error(client.put("/api/projects/lab/sources", data=big, content_type="application/gzip"), 413,
                  "source_too_large")
     assert not list((tmp_path / "incoming").glob("*"))
+
+
+# -- how many output files: the worker's MMT_WORKER_MAX_OUTPUT_FILES, up to MADO_MAX_OUTPUT_FILES (issue 14) ------
+
+ONE = b"1"
+
+
+def many_outputs(count: int) -> dict:
+    """A declaration of `count` one-byte files through an artifacts manifest, as a worker posts it."""
+    paths = [f"f/{i:05d}" for i in range(count)]
+    manifest = "".join(json.dumps({"path": p, "sha256": sha(ONE), "size": 1}) + "\n" for p in paths)
+    files = [{"path": p, "size": 1, "sha256": sha(ONE), "kind": "file"} for p in paths]
+    files.append({"path": "artifacts.jsonl", "size": len(manifest.encode()), "sha256": sha(manifest.encode()),
+                  "kind": "file"})
+    result = json.dumps({"version": 2, "complete": True, "artifactsManifest": "artifacts.jsonl"})
+    return {"result": result, "files": files, "manifest": manifest}
+
+
+def test_a_raised_worker_limit_under_the_server_maximum_is_honoured(world, claimed, job_worker):
+    """10 001 files: over seed 001's default of 10 000, which a worker raised with MMT_WORKER_MAX_OUTPUT_FILES
+    (it says so with its declaration); the server's maximum is higher, so the server takes them all."""
+    answer = job_worker.leased(claimed, "outputs", max_files=20_000, **many_outputs(10_001))
+    assert answer.status_code == 200, answer.content[:500]
+    assert len(answer.json()["upload"]) == 10_001
+    assert Artifact.objects.filter(job_id=claimed["id"]).count() == 10_001
+
+
+def test_a_worker_allowing_more_than_the_server_maximum_is_capped_naming_mado_max_output_files(
+        world, claimed, job_worker, settings):
+    settings.MAX_OUTPUT_FILES = 4
+    body = assert_error(job_worker.leased(claimed, "outputs", max_files=10_000, **many_outputs(5)), 422,
+                        "too_many_files")
+    assert "the limit is 4" in body["error"], body
+    assert "MADO_MAX_OUTPUT_FILES" in body["error"] and "raise MMT_WORKER_MAX_OUTPUT_FILES" not in body["error"], body
+    assert not Artifact.objects.exists()
+    settings.MAX_OUTPUT_FILES = 5
+    assert job_worker.leased(claimed, "outputs", max_files=10_000, **many_outputs(5)).status_code == 200
+
+
+def record(claimed, declaration: dict, worker_max_files) -> list[str]:
+    with transaction.atomic():
+        job = Job.objects.select_for_update().get(pk=claimed["id"])
+        return outputs.record_outputs(job, result_text=declaration["result"], files=declaration["files"],
+                                      manifest_text=declaration["manifest"], token_scopes=frozenset(),
+                                      worker_max_files=worker_max_files)
+
+
+def test_the_message_names_the_setting_that_decided_the_limit(world, claimed, settings):
+    """The limit is the lower of the worker's setting (as the worker reported it) and the server's maximum;
+    the message names that one."""
+    settings.MAX_OUTPUT_FILES = 6
+    with pytest.raises(ServiceError) as refused:
+        record(claimed, many_outputs(5), worker_max_files=4)
+    assert refused.value.code == "too_many_files" and "the limit is 4" in refused.value.message
+    assert "raise MMT_WORKER_MAX_OUTPUT_FILES on the worker" in refused.value.message
+    with pytest.raises(ServiceError) as refused:
+        record(claimed, many_outputs(7), worker_max_files=8)
+    assert "the limit is 6" in refused.value.message and "MADO_MAX_OUTPUT_FILES" in refused.value.message
+    with pytest.raises(ServiceError) as refused:
+        record(claimed, many_outputs(5), worker_max_files=0)
+    assert refused.value.code == "invalid"
+    assert len(record(claimed, many_outputs(6), worker_max_files=8)) == 6

@@ -14,12 +14,14 @@ import pytest
 
 from worker_agent.results import (
     MAX_DATASET_DIRECTORY_FILES,
+    SERVER_LIMIT_SETTING,
     OutputFile,
     ResultError,
     ValidatedResult,
     decode_manifest,
     parse_result_json,
     validate_result,
+    walk_outputs,
 )
 
 
@@ -709,3 +711,47 @@ def test_the_validator_does_not_modify_the_parsed_document():
     before = copy.deepcopy(scenario.result)
     scenario.run()
     assert scenario.result == before
+
+
+# -- the output-file limit: which setting decides it (issue 14) -------------------------------------------
+
+@pytest.mark.parametrize("change", [many_files, manifest_over_limit], ids=["outputs directory", "manifest"])
+def test_a_limit_the_server_decides_names_the_servers_setting(change):
+    """The server's MADO_MAX_OUTPUT_FILES below the worker's setting: raising the worker's would not help."""
+    scenario = Scenario()
+    change(scenario)
+    with pytest.raises(ResultError) as refused:
+        validate_result(scenario.result, scenario.files(), manifest_text=scenario.manifest,
+                        max_files=scenario.max_files, limit_setting=SERVER_LIMIT_SETTING)
+    message = refused.value.message
+    assert refused.value.code == "too_many_files"
+    assert f"limit of {scenario.max_files} files" in message or f"limit is {scenario.max_files}" in message
+    assert "ask the server's administrator to raise MADO_MAX_OUTPUT_FILES" in message, message
+    assert "raise MMT_WORKER_MAX_OUTPUT_FILES" not in message, message
+
+
+def test_a_limit_no_setting_can_change_names_none():
+    """A site's runner: no worker whose setting could raise the limit."""
+    scenario = Scenario()
+    many_files(scenario)
+    with pytest.raises(ResultError) as refused:
+        validate_result(scenario.result, scenario.files(), manifest_text=scenario.manifest, max_files=4,
+                        limit_setting=None)
+    assert "write fewer output files" in refused.value.message and "MAX_OUTPUT_FILES" not in refused.value.message
+
+
+def test_directories_do_not_count_towards_the_output_file_limit(tmp_path):
+    """Three files, each in its own directory, and result.json: within a limit of 3 files, so the listing is
+    whole (it used to stop after 5 entries of any kind, and the worker then judged a cut listing)."""
+    for name in ("a", "b", "c"):
+        (tmp_path / name / "deeper").mkdir(parents=True)
+        (tmp_path / name / "deeper" / "out.bin").write_bytes(name.encode())
+    (tmp_path / "result.json").write_text("{}")
+    files, too_many = walk_outputs(str(tmp_path), 3)
+    assert not too_many
+    assert sorted(f["path"] for f in files if f["kind"] == "file") == [
+        "a/deeper/out.bin", "b/deeper/out.bin", "c/deeper/out.bin", "result.json"]
+    (tmp_path / "d").mkdir()
+    for name in ("d/1", "d/2"):
+        (tmp_path / name).write_bytes(b"x")
+    assert walk_outputs(str(tmp_path), 3)[1] is True, "five files and result.json are more than 3 + 2"

@@ -29,11 +29,22 @@ def run_manage(args: list[str], env: dict[str, str], tmp_path) -> subprocess.Com
     ("MADO_TIME_ZONE", "Mars/Olympus"),
     ("MADO_LOG_LEVEL", "chatty"),
     ("MADO_ALLOWED_HOSTS", " , "),
+    ("MADO_MAX_OUTPUT_FILES", "0"),
 ])
 def test_a_bad_value_stops_start_up_naming_the_variable(name, value, tmp_path):
     result = run_manage(["check"], {name: value}, tmp_path)
     assert result.returncode != 0
     assert name in result.stderr
+
+
+def test_the_servers_output_file_maximum_is_above_the_workers_default(tmp_path):
+    """MMT_WORKER_MAX_OUTPUT_FILES (seed 001, 10 000 by default) is the setting a user raises; the server's
+    MADO_MAX_OUTPUT_FILES is only its ceiling, so by default a raised worker setting takes effect."""
+    from worker_agent.config import DEFAULT_MAX_OUTPUT_FILES
+
+    show = ["shell", "-c", "from django.conf import settings; print(settings.MAX_OUTPUT_FILES)"]
+    assert int(run_manage(show, {}, tmp_path).stdout.split()[-1]) == 100_000 > DEFAULT_MAX_OUTPUT_FILES
+    assert run_manage(show, {"MADO_MAX_OUTPUT_FILES": "25000"}, tmp_path).stdout.split()[-1] == "25000"
 
 
 def test_the_demo_secret_key_is_generated_once_into_var_with_mode_600(tmp_path):

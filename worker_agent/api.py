@@ -239,9 +239,12 @@ class ApiClient:
         return self._leased(job_id, "metrics", worker_id, lease_id, {"metrics": metrics})
 
     def job_outputs(self, job_id: int, worker_id: str, lease_id: str, result: str, files: list[dict],
-                    manifest: str | None) -> dict:
-        return self._leased(job_id, "outputs", worker_id, lease_id,
-                            {"result": result, "files": files, "manifest": manifest})
+                    manifest: str | None, *, max_files: int | None = None) -> dict:
+        """`max_files`: this worker's MMT_WORKER_MAX_OUTPUT_FILES, which the server applies up to its maximum."""
+        body: dict = {"result": result, "files": files, "manifest": manifest}
+        if max_files is not None:
+            body["max_files"] = int(max_files)
+        return self._leased(job_id, "outputs", worker_id, lease_id, body)
 
     def complete_job(self, job_id: int, worker_id: str, lease_id: str, status: str, *, exit_code: int | None = None,
                      error: str | None = None, end_reason: str | None = None, replica: str | None = None) -> dict:

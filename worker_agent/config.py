@@ -137,6 +137,8 @@ class WorkerConfig:
     # Seconds from SIGTERM to SIGKILL when a job is stopped. 10 s is the product's promise (seed 001);
     # MMT_WORKER_CANCEL_GRACE exists so tests need not wait that long.
     cancel_grace: float = DEFAULT_CANCEL_GRACE
+    # The most files a job's outputs directory may hold (seed 001): the setting a user changes; the server
+    # accepts what it allows up to its own maximum, MADO_MAX_OUTPUT_FILES (100 000 by default).
     max_output_files: int = DEFAULT_MAX_OUTPUT_FILES
 
     @classmethod

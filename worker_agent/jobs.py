@@ -63,7 +63,7 @@ from worker_agent.api import ApiClient, ApiError, ApiUnavailable, Backoff, Fatal
 from worker_agent.config import WorkerConfig
 from worker_agent.journal import JobJournal
 from worker_agent.remote_files import RemoteFileError, RemoteRange, fetch_source, list_outputs
-from worker_agent.results import OutputFile, ResultError, parse_result_json, validate_result
+from worker_agent.results import OutputFile, ResultError, parse_result_json, too_many_files, validate_result
 from worker_agent.runtimes import RuntimeRefused, build_spec, read_facts
 from worker_agent.ssh import CommandTimeout, ConnectError, ConnectionPool, Target
 from worker_agent.supervisor import LogChunk, Remote, StateFrame, SupervisorError, workspace
@@ -651,20 +651,25 @@ class JobRunner:
                 log.info("job %s: %d file(s) in the outputs directory but no result.json: nothing is uploaded",
                          self.id, len(files))
             return {"status": "finished", "exit_code": 0}
+        limit = self.config.max_output_files
+        if listing.get("too_many"):  # the listing stopped early: the count itself is the answer
+            error = too_many_files(f"more than {limit}", limit)
+            log.warning("job %s: %s", self.id, error)
+            return {"status": "failed", "exit_code": 0, "end_reason": "invalid_result", "error": error}
         entries = [OutputFile(path=f["path"], size=int(f["size"]), sha256=f.get("sha256") or "",
                               kind=f.get("kind") or "file") for f in listing["files"]]
         try:
             parsed = parse_result_json(listing["result"])
-            validated = validate_result(parsed, entries, manifest_text=listing.get("manifest"),
-                                        max_files=self.config.max_output_files)
+            validated = validate_result(parsed, entries, manifest_text=listing.get("manifest"), max_files=limit)
         except ResultError as exc:
             log.warning("job %s: invalid result.json: %s", self.id, exc.message)
             return {"status": "failed", "exit_code": 0, "end_reason": "invalid_result", "error": exc.message}
         manifest = listing["manifest"].decode("utf-8") if listing.get("manifest") is not None else None
         try:
+            # The server applies this worker's limit up to its own maximum (MADO_MAX_OUTPUT_FILES).
             answer = self.call(lambda: self.api.job_outputs(self.id, self.config.worker_id, self.lease,
                                                             listing["result"].decode("utf-8"), listing["files"],
-                                                            manifest), "outputs")
+                                                            manifest, max_files=limit), "outputs")
         except ApiError as exc:
             log.warning("job %s: the server refused result.json: %s", self.id, exc)
             return {"status": "failed", "exit_code": 0, "end_reason": "invalid_result", "error": str(exc)}

@@ -125,7 +125,15 @@ def read(rel, limit):
     with os.fdopen(fd, "rb") as f:
         return base64.b64encode(f.read(limit + 1)).decode()
 
-has_result = any(f["path"] == "result.json" and f["kind"] == "file" for f in files)
+def regular(rel):
+    try:
+        return stat.S_ISREG(os.lstat(os.path.join(root, rel)).st_mode)
+    except OSError:
+        return False
+
+# A listing cut short (too_many) may stop before result.json: the job still declared its outputs.
+has_result = any(f["path"] == "result.json" and f["kind"] == "file" for f in files) or \
+    (too_many and regular("result.json"))
 result = read("result.json", 1024 * 1024) if has_result else None
 manifest = None
 if result is not None:
@@ -135,7 +143,7 @@ if result is not None:
         name = None
     if isinstance(name, str) and name and ".." not in name.split("/") and not name.startswith("/") and \
             any(f["path"] == name and f["kind"] == "file" for f in files):
-        manifest = read(name, 64 * 1024 * 1024)
+        manifest = read(name, max_files * 4096)  # results.decode_manifest's limit
 print(json.dumps({"files": files, "result": result, "manifest": manifest, "too_many": too_many}))
 '''
 

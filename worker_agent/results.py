@@ -8,7 +8,7 @@ acceptable and returns what the server stores. Standard library only, no Django,
 Two entry points::
 
     result = parse_result_json(raw_bytes)                  # size limit, UTF-8, one JSON object
-    validated = validate_result(result, files, manifest_text=..., max_files=settings_value)
+    validated = validate_result(result, files, manifest_text=..., max_files=limit, limit_setting=name)
 
 Every rejection is a :class:`ResultError` whose ``code`` is a stable snake_case word and whose
 ``message`` is one or two sentences naming the offending key, index, line or path and saying what to
@@ -31,9 +31,10 @@ The document (seeds ``001-worker-install``, REFERENCE §2)
   a directory (all output files under it form one dataset version, paths inside the version relative
   to that directory); with ``path`` no digest is sent (the server computes it from the file list);
   with ``uri`` a digest is required.
-* Limits: result.json 1 MiB, 10 000 output files (``max_files``; the worker's
-  ``MMT_WORKER_MAX_OUTPUT_FILES``), 1000 metric points, 16 models, 64 datasets, 100 000 files under
-  one dataset directory.
+* Limits: result.json 1 MiB, 10 000 output files (``max_files``: the worker's
+  ``MMT_WORKER_MAX_OUTPUT_FILES``, up to the server's maximum ``MADO_MAX_OUTPUT_FILES``; messages name
+  ``limit_setting``, the setting that decided the limit, and say how to raise it), 1000 metric points,
+  16 models, 64 datasets, 100 000 files under one dataset directory.
 
 Decisions where the documents are silent
 ----------------------------------------
@@ -120,6 +121,8 @@ from typing import Any, Iterable, NoReturn
 RESULT_FILENAME = "result.json"
 MAX_RESULT_BYTES = 1024 * 1024
 DEFAULT_MAX_OUTPUT_FILES = 10_000
+WORKER_LIMIT_SETTING = "MMT_WORKER_MAX_OUTPUT_FILES"  # the worker's, seed 001: the one a user changes
+SERVER_LIMIT_SETTING = "MADO_MAX_OUTPUT_FILES"  # the server's maximum of it
 MAX_PATH_LENGTH = 1024
 MAX_MANIFEST_LINE_BYTES = 4096
 MAX_METRIC_POINTS = 1000
@@ -181,8 +184,10 @@ def file_sha256(path):
 
 def walk_outputs(root, max_files):
     """([{path, size, sha256, kind: file|dir|symlink|special}], too_many) for the tree under `root`,
-    in sorted order, never following links; stops once it saw more than `max_files` (+2) entries."""
+    in sorted order, never following links; stops once it saw more than `max_files` (+2: result.json
+    and a manifest) entries other than directories."""
     files = []
+    counted = 0
     for dirpath, dirnames, filenames in os.walk(root):
         rel_dir = os.path.relpath(dirpath, root)
         for name in sorted(dirnames) + sorted(filenames):
@@ -197,7 +202,8 @@ def walk_outputs(root, max_files):
                 files.append({"path": rel, "size": st.st_size, "sha256": file_sha256(full), "kind": "file"})
             else:
                 files.append({"path": rel, "size": 0, "sha256": "", "kind": "special"})
-            if len(files) > max_files + 2:
+            counted += files[-1]["kind"] != "dir"
+            if counted > max_files + 2:
                 return files, True
         dirnames[:] = [d for d in dirnames if not os.path.islink(os.path.join(dirpath, d))]
     return files, False
@@ -400,6 +406,25 @@ def parse_result_json(raw: bytes, *, max_bytes: int = MAX_RESULT_BYTES) -> dict:
             "{\"version\": 2, \"complete\": true, \"artifacts\": []}.",
         )
     return value
+
+
+def fewer_files(limit_setting: str | None = WORKER_LIMIT_SETTING) -> str:
+    """What to do about too many output files, naming the setting that decided the limit (None: none can
+    change it)."""
+    fewer = "write fewer output files (e.g. pack small files into an archive)"
+    if limit_setting == SERVER_LIMIT_SETTING:
+        return (f"{fewer}, or ask the server's administrator to raise {SERVER_LIMIT_SETTING} (the server's maximum, "
+                f"lower than this worker's {WORKER_LIMIT_SETTING})")
+    if limit_setting:
+        return f"{fewer} or raise {limit_setting} on the worker"
+    return fewer
+
+
+def too_many_files(count: str, max_files: int, limit_setting: str | None = WORKER_LIMIT_SETTING) -> str:
+    """The message of an outputs directory over the limit; `count` is how many files it holds ("12",
+    "more than 10")."""
+    return (f"The outputs directory holds {count} files; the limit is {max_files} — "
+            f"{fewer_files(limit_setting)}.")
 
 
 def decode_manifest(raw: bytes, *, max_files: int = DEFAULT_MAX_OUTPUT_FILES, path: str = "artifacts manifest") -> str:
@@ -645,7 +670,9 @@ def _artifact(entry: Any, where: str, location: str, reserved: dict[str, str]) -
     return {"path": path, "sha256": sha256.lower(), "size": size, "mime_type": mime_type}
 
 
-def _manifest_entries(text: str, manifest_path: str, max_files: int, already: int) -> list[tuple[Any, str, str]]:
+def _manifest_entries(
+    text: str, manifest_path: str, max_files: int, already: int, limit_setting: str | None
+) -> list[tuple[Any, str, str]]:
     name = f"artifactsManifest {_show(manifest_path)}"
     limit = max_files * MAX_MANIFEST_LINE_BYTES
     if len(text) > limit:  # characters ≤ bytes, so this is a cheap first bound
@@ -688,9 +715,8 @@ def _manifest_entries(text: str, manifest_path: str, max_files: int, already: in
         if already + len(entries) > max_files:
             _fail(
                 "too_many_files",
-                f"The declared artifacts exceed the limit of {max_files} files at {name} line {number}; write fewer "
-                "output files (e.g. pack small files into an archive) or raise MMT_WORKER_MAX_OUTPUT_FILES on "
-                "the worker.",
+                f"The declared artifacts exceed the limit of {max_files} files at {name} line {number}; "
+                f"{fewer_files(limit_setting)}.",
                 location,
             )
     return entries
@@ -1036,6 +1062,7 @@ def validate_result(
     *,
     manifest_text: str | None = None,  # bytes are accepted too and decoded as strict UTF-8
     max_files: int = DEFAULT_MAX_OUTPUT_FILES,
+    limit_setting: str | None = WORKER_LIMIT_SETTING,  # the setting that decided max_files, named in messages
 ) -> ValidatedResult:
     """Check a parsed ``result.json`` against the outputs directory; raise :class:`ResultError`."""
     if isinstance(max_files, bool) or not isinstance(max_files, int) or max_files < 1:
@@ -1069,8 +1096,7 @@ def validate_result(
     if len(counted) > max_files:
         _fail(
             "too_many_files",
-            f"The outputs directory holds {len(counted)} files; the limit is {max_files} — write fewer files "
-            "(e.g. pack small files into an archive) or raise MMT_WORKER_MAX_OUTPUT_FILES on the worker.",
+            too_many_files(str(len(counted)), max_files, limit_setting),
         )
 
     # Declared artifacts: the list first, then the manifest's lines.
@@ -1082,7 +1108,8 @@ def validate_result(
     if len(listed) > max_files:
         _fail(
             "too_many_files",
-            f"result.json declares {len(listed)} artifacts; the limit is {max_files} files.",
+            f"result.json declares {len(listed)} artifacts; the limit is {max_files} files — "
+            f"{fewer_files(limit_setting)}.",
             "artifacts",
         )
     candidates: list[tuple[Any, str, str]] = [
@@ -1139,7 +1166,7 @@ def validate_result(
                 "sha256; the manifest changed while it was read — write it completely before result.json.",
                 "artifactsManifest",
             )
-        candidates.extend(_manifest_entries(manifest_text, manifest_path, max_files, len(candidates)))
+        candidates.extend(_manifest_entries(manifest_text, manifest_path, max_files, len(candidates), limit_setting))
 
     artifacts: list[dict] = []
     by_path: dict[str, dict] = {}

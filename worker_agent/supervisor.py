@@ -47,7 +47,11 @@ walltime (SIGTERM, SIGKILL after the grace; status `timed_out`), and after the j
 ended also stops what is left of its process group, so nothing runs unsupervised once a job has ended.
 It is a child subreaper where Linux allows, so orphaned grandchildren are reaped rather than left as
 zombies. SIGTERM or SIGINT to the daemon writes cancel.request (the job is then stopped as by cancel).
-Notes of the supervisor go into stderr.log prefixed `[mado] `.
+Notes of the supervisor go into stderr.log prefixed `[mado] `; for each one `order.log` records where it
+falls between the job's stdout and stderr bytes (`n <stderr size> <stdout size>` before the note is
+written, `d <end of the note in stderr.log>` after), so a follower sends notes and the job's output in
+the order they happened (`LogOrder`): a note written before the job's first line comes before it,
+although the two are in different files.
 
 Statuses: starting, running, exited, canceled, timed_out, failed_to_start (terminal: the last four),
 and unknown (from poll only).
@@ -92,6 +96,10 @@ SPEC_FILE, STATE_FILE, LOCK_FILE, CANCEL_FILE = "spec.json", "state.json", "star
 RELEASE_FILE = "release"
 HOLD_SECONDS = 24 * 3600  # a held supervisor whose worker never comes back gives up after this
 STDOUT_FILE, STDERR_FILE, SUPERVISOR_LOG, PROGRAM_FILE = "stdout.log", "stderr.log", "supervisor.log", "supervisor.py"
+ORDER_FILE = "order.log"  # where each note falls between stdout and stderr (see LogOrder)
+# A note begun but not finished this long ago (its supervisor died between two writes) no longer holds
+# the job's stdout back.
+UNFINISHED_NOTE_SECONDS = 5.0
 POLL_INTERVAL = 0.05
 # The environment of preparation steps (venv, pip): the host pass-through of jobs plus what pip needs to
 # reach a package index (proxies, certificates, its config).
@@ -520,6 +528,11 @@ class Daemon:
         self.reattached = 0
         self.out_fd = open_log(self.path(STDOUT_FILE))
         self.err_fd = open_log(self.path(STDERR_FILE))
+        # Notes through a descriptor of their own: children share err_fd's file offset, so only this one
+        # tells exactly where a note ended.
+        self.note_fd = open_log(self.path(STDERR_FILE))
+        self.order_fd = open_log(self.path(ORDER_FILE))
+        self.out_peek = os.open(self.path(STDOUT_FILE), os.O_RDONLY | os.O_NOFOLLOW)
 
     def path(self, name: str) -> str:
         return os.path.join(self.dir, name)
@@ -530,9 +543,12 @@ class Daemon:
         write_json(self.path(STATE_FILE), self.state)
 
     def note(self, text: str) -> None:
+        """A `[mado]` line in stderr.log, its place among the job's output recorded in order.log first."""
         text = _redact(text, list(self.spec.get("secrets") or []))
         try:
-            os.write(self.err_fd, f"{NOTE}{text}\n".encode("utf-8", "replace"))
+            os.write(self.order_fd, f"n {os.fstat(self.note_fd).st_size} {stdout_boundary(self.out_peek)}\n".encode())
+            os.write(self.note_fd, f"{NOTE}{text}\n".encode("utf-8", "replace"))
+            os.write(self.order_fd, f"d {os.lseek(self.note_fd, 0, os.SEEK_CUR)}\n".encode())
         except OSError:
             pass
 
@@ -1089,12 +1105,78 @@ def utf8_cut(data: bytes) -> int:
     return n
 
 
+def stdout_boundary(fd: int) -> int:
+    """The size of the file open as `fd` (readable), less a UTF-8 character still being written at its end."""
+    size = os.fstat(fd).st_size
+    start = max(0, size - 4)
+    tail = os.pread(fd, size - start, start)
+    return start + utf8_cut(tail)
+
+
+class LogOrder:
+    """Where the supervisor's notes fall among the job's own output, read from order.log: a note begun when
+    stderr.log had `e` bytes and stdout.log `o` (`n e o`) that ended at `end` in stderr.log (`d end`). A
+    reader sends stderr from `e` on only once stdout up to `o` is sent, and stdout from `o` on only once
+    the note is sent, and stderr stops at the note's end so stdout's waiting lines go next: every note then
+    comes where it happened among the job's lines (the job's own stdout and stderr keep the order in which
+    they are read, stdout first, as two files cannot say more). Read the log files' sizes
+    before `refresh`: a note within those bytes has its mark written already. Without order.log (a
+    workspace of an older supervisor) nothing is held back."""
+
+    def __init__(self, job_dir: str):
+        self.path = os.path.join(job_dir, ORDER_FILE)
+        self.fd: int | None = None
+        self.read_to = 0
+        self.partial = b""
+        self.marks: list[list] = []  # [e, o, end or None, first seen (monotonic)]
+
+    def refresh(self) -> None:
+        if self.fd is None:
+            try:
+                self.fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW)
+            except OSError:
+                return
+        while True:
+            data = os.pread(self.fd, 1 << 16, self.read_to)
+            if not data:
+                break
+            self.read_to += len(data)
+            self.partial += data
+        *lines, self.partial = self.partial.split(b"\n")
+        now = time.monotonic()
+        for line in lines:
+            words = line.split()
+            try:
+                if len(words) == 3 and words[0] == b"n":
+                    self.marks.append([int(words[1]), int(words[2]), None, now])
+                elif len(words) == 2 and words[0] == b"d" and self.marks and self.marks[-1][2] is None:
+                    self.marks[-1][2] = int(words[1])
+            except ValueError:
+                continue
+
+    def limits(self, stdout_sent: int, stderr_sent: int, final: bool = False) -> tuple[int | None, int | None]:
+        """How far stdout and stderr may be sent now, given what was sent (None: to their end)."""
+        now = time.monotonic()
+        out_limit = err_limit = None
+        for e, o, end, seen in self.marks:  # a job has a few notes; those already sent limit nothing
+            if end is None and (final or now - seen >= UNFINISHED_NOTE_SECONDS):
+                end = e  # its supervisor ended between the two writes: hold nothing back for it
+            if e >= stderr_sent and o > stdout_sent:
+                err_limit = e if err_limit is None else min(err_limit, e)
+            if o >= stdout_sent and (end is None or end > stderr_sent):
+                out_limit = o if out_limit is None else min(out_limit, o)
+                if end is not None:  # the note, not what follows it: stdout written meanwhile goes first
+                    err_limit = end if err_limit is None else min(err_limit, end)
+        return out_limit, err_limit
+
+
 class Follower:
     def __init__(self, job_dir: str, offsets: dict[bytes, int], out):
         self.dir = job_dir
         self.offsets = offsets
         self.out = out
         self.fds: dict[bytes, int] = {}
+        self.order = LogOrder(job_dir)
 
     def frame(self, kind: bytes, offset: int, data: bytes) -> None:
         self.out.write(HEADER.pack(kind, offset, len(data)))
@@ -1104,27 +1186,43 @@ class Follower:
     def state_frame(self, state: dict, final: bool = False) -> None:
         self.frame(b"s", 0, json.dumps(dict(state, final=final), sort_keys=True).encode("utf-8"))
 
-    def read_more(self, kind: bytes, final: bool) -> bool:
+    def size(self, kind: bytes) -> int:
         fd = self.fds.get(kind)
         if fd is None:
             try:
                 fd = os.open(os.path.join(self.dir, STDOUT_FILE if kind == b"o" else STDERR_FILE),
                              os.O_RDONLY | os.O_NOFOLLOW)
             except FileNotFoundError:
-                return False
+                return 0
             self.fds[kind] = fd
+        return os.fstat(fd).st_size
+
+    def read_more(self, kind: bytes, final: bool, size: int, limit: int | None = None) -> bool:
+        """One frame of `kind` from its offset, up to `size` (read before) or `limit` (LogOrder)."""
         offset = self.offsets[kind]
-        size = os.fstat(fd).st_size
-        if size <= offset:
+        end = size if limit is None else min(size, limit)
+        if end <= offset:
             return False
-        data = os.pread(fd, min(CHUNK, size - offset), offset)
+        data = os.pread(self.fds[kind], min(CHUNK, end - offset), offset)
         if not final or offset + len(data) < size:
-            data = data[:utf8_cut(data)]
+            cut = data[:utf8_cut(data)]
+            # Held at a limit inside a character (bytes that are no UTF-8): send them rather than stall.
+            data = cut if cut or limit is None or offset + len(data) < end or end >= size else data
         if not data:
             return False
         self.frame(kind, offset, data)
         self.offsets[kind] = offset + len(data)
         return True
+
+    def read_both(self, final: bool) -> bool:
+        sizes = {kind: self.size(kind) for kind in (b"o", b"e")}  # before the order: see LogOrder
+        self.order.refresh()
+        out_limit, err_limit = self.order.limits(self.offsets[b"o"], self.offsets[b"e"], final)
+        progressed = self.read_more(b"o", final, sizes[b"o"], out_limit)
+        progressed |= self.read_more(b"e", final, sizes[b"e"], err_limit)
+        if final and not progressed:  # never end with bytes unsent, whatever order.log says
+            progressed = self.read_more(b"o", final, sizes[b"o"]) | self.read_more(b"e", final, sizes[b"e"])
+        return progressed
 
     def run(self) -> None:
         self.out.write(MAGIC)
@@ -1134,7 +1232,7 @@ class Follower:
         last_write = last_check = time.monotonic()
         state = None
         while True:
-            progressed = self.read_more(b"o", draining) | self.read_more(b"e", draining)
+            progressed = self.read_both(draining)
             now = time.monotonic()
             if progressed:
                 last_write = now

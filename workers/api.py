@@ -136,6 +136,9 @@ class OutputsSerializer(LeasedBodySerializer):
     result = serializers.CharField(allow_blank=True, trim_whitespace=False, help_text="The text of result.json.")
     files = OutputFileSerializer(many=True, help_text="The outputs directory as the worker saw it.")
     manifest = serializers.CharField(required=False, allow_null=True, trim_whitespace=False)
+    max_files = serializers.IntegerField(
+        min_value=1, required=False,
+        help_text="The worker's MMT_WORKER_MAX_OUTPUT_FILES; the server applies it up to MADO_MAX_OUTPUT_FILES.")
 
 
 def lease_query() -> list[OpenApiParameter]:
@@ -366,7 +369,8 @@ class JobOutputsView(LeasedJobView):
         with transaction.atomic():
             job = job_services.leased(self.worker(), job_id, body["lease_id"])
             upload = outputs.record_outputs(job, result_text=body.get("result"), files=body.get("files"),
-                                            manifest_text=body.get("manifest"), token_scopes=request.auth.scopes)
+                                            manifest_text=body.get("manifest"), token_scopes=request.auth.scopes,
+                                            worker_max_files=body.get("max_files"))
         return Response({"upload": upload})
 
 

@@ -581,6 +581,7 @@ class Runner:
         self.log_interval = 1.0
         self.offsets = {s: 0 for s in STREAMS}
         self._fds: dict[str, int] = {}
+        self._order: supervisor.LogOrder | None = None
         self.running_reported = False
         self.stop_reason: str | None = None  # "canceled" (stop request) or "timed_out" (SIGTERM to the runner)
         self.stop_written = False
@@ -962,24 +963,45 @@ class Runner:
 
     def collect(self, final: bool) -> tuple[list[dict], dict]:
         """New log bytes from the offsets: chunks of at most LOG_CHUNK, LOG_BATCH in all. Each ends at a
-        UTF-8 character boundary, except the very last bytes of a stream that has ended."""
+        UTF-8 character boundary, except the very last bytes of a stream that has ended. The supervisor's
+        `[mado]` notes come where they happened among the code's lines (supervisor.LogOrder)."""
         chunks, total, pos = [], 0, dict(self.offsets)
-        for stream in STREAMS:
-            fd = self._log_fd(stream)
-            if fd is None:
-                continue
-            size = os.fstat(fd).st_size
-            while total < LOG_BATCH and pos[stream] < size:
-                data = os.pread(fd, min(LOG_CHUNK, size - pos[stream], LOG_BATCH - total), pos[stream])
+        fds = {stream: self._log_fd(stream) for stream in STREAMS}
+        sizes = {stream: os.fstat(fd).st_size if fd is not None else 0 for stream, fd in fds.items()}
+        if self._order is None and self.job_dir:
+            self._order = supervisor.LogOrder(self.job_dir)
+        if self._order is not None:
+            self._order.refresh()  # after the sizes: a note within them has its place recorded already
+
+        def read(stream: str, limit: int | None) -> bool:
+            nonlocal total
+            size, moved = sizes[stream], False
+            end = size if limit is None else min(size, limit)
+            while total < LOG_BATCH and pos[stream] < end:
+                data = os.pread(fds[stream], min(LOG_CHUNK, end - pos[stream], LOG_BATCH - total), pos[stream])
                 if not data:
                     break
                 if not (final and pos[stream] + len(data) >= size):
-                    data = data[:supervisor.utf8_cut(data)]
+                    cut = data[:supervisor.utf8_cut(data)]
+                    # Held at a limit inside a character (bytes that are no UTF-8): send them rather than stall.
+                    data = cut if cut or limit is None or pos[stream] + len(data) < end or end >= size else data
                 if not data:
                     break
                 chunks.append({"stream": stream, "offset": pos[stream], "data": data.decode("utf-8", "replace")})
                 pos[stream] += len(data)
                 total += len(data)
+                moved = True
+            return moved
+
+        while total < LOG_BATCH:
+            limits = self._order.limits(pos["stdout"], pos["stderr"], final) if self._order else (None, None)
+            moved = read("stdout", limits[0])
+            moved |= read("stderr", limits[1])
+            if not moved:
+                if final:  # never end with bytes unsent, whatever order.log says
+                    for stream in STREAMS:
+                        read(stream, None)
+                break
         return chunks, pos
 
     def ship_logs(self, final: bool) -> bool:
@@ -1047,8 +1069,9 @@ class Runner:
                    for f in listing["files"]]
         try:
             parsed = results.parse_result_json(listing["result"])
+            # A site has no worker whose setting could raise the limit: the messages say what the code can do.
             validated = results.validate_result(parsed, entries, manifest_text=listing["manifest"],
-                                                max_files=max_files)
+                                                max_files=max_files, limit_setting=None)
             result_text = listing["result"].decode("utf-8")
             manifest = listing["manifest"].decode("utf-8") if listing["manifest"] is not None else None
         except results.ResultError as exc:
