@@ -14,6 +14,7 @@ import requests
 
 from jobs.models import Job
 from tests.browser import chromium_page  # noqa: F401  (fixture)
+from tests.browser import sign_in as browser_sign_in
 from tests.job_fixtures import gpu_computer
 
 os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
@@ -86,12 +87,8 @@ class ThreadWorker:
 def sign_in(browser, username: str, password: str) -> None:
     from playwright.sync_api import expect
 
-    page = browser.page
-    browser.goto("/login/")
-    page.fill("#id_username", username)
-    page.fill("#id_password", password)
-    page.get_by_role("button", name="Sign in").click()
-    expect(page.locator("h1")).to_have_text("Lab")
+    browser_sign_in(browser, username, password)
+    expect(browser.page.locator("h1")).to_have_text("Lab")
 
 
 def test_a_member_creates_a_job_watches_it_run_live_and_stops_it_in_chromium(

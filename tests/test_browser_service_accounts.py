@@ -10,7 +10,7 @@ import pytest
 import requests
 
 from mado.models import ApiToken, ServiceAccount
-from tests.browser import chromium_page  # noqa: F401  (fixture)
+from tests.browser import chromium_page, sign_in  # noqa: F401  (fixture)
 
 os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
 
@@ -26,10 +26,7 @@ def test_a_project_admin_creates_a_service_account_and_sees_its_token_once_in_ch
     from playwright.sync_api import expect
 
     # Sign in through the login form.
-    browser.goto("/login/")
-    page.fill("#id_username", "alice")
-    page.fill("#id_password", "alice-pass-123")
-    page.get_by_role("button", name="Sign in").click()
+    sign_in(browser, "alice", "alice-pass-123")
     expect(page.locator("h1")).to_have_text("Lab")
 
     # Project settings → Service Accounts.
@@ -121,10 +118,7 @@ def test_the_dialogs_also_work_as_whole_pages_in_chromium(
     page = browser.page
     from playwright.sync_api import expect
 
-    browser.goto("/login/?next=/projects/lab/settings/service-accounts/new")
-    page.fill("#id_username", "alice")
-    page.fill("#id_password", "alice-pass-123")
-    page.get_by_role("button", name="Sign in").click()
+    sign_in(browser, "alice", "alice-pass-123", next_path="/projects/lab/settings/service-accounts/new")
     expect(page.locator("#dialog-title")).to_have_text("Create Service Account")
     page.locator("#id_name").fill("tab-worker")
     page.get_by_role("button", name="Save").click()
@@ -151,10 +145,7 @@ def test_a_failing_dialog_request_says_so_and_a_lost_session_leads_to_the_login_
 
     from mado.models import Membership
 
-    browser.goto("/login/?next=/projects/lab/settings/service-accounts/")
-    page.fill("#id_username", "alice")
-    page.fill("#id_password", "alice-pass-123")
-    page.get_by_role("button", name="Sign in").click()
+    sign_in(browser, "alice", "alice-pass-123", next_path="/projects/lab/settings/service-accounts/")
     expect(page.locator("h1")).to_have_text("Service Accounts")
 
     # Alice stops being a project admin while the page is open: the dialog says the request failed.

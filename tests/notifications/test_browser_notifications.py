@@ -8,7 +8,7 @@ import os
 import pytest
 
 from notifications.models import Delivery, NotificationRule
-from tests.browser import chromium_page  # noqa: F401  (fixture)
+from tests.browser import chromium_page, sign_in  # noqa: F401  (fixture)
 
 os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
 
@@ -22,10 +22,7 @@ def test_a_project_admin_adds_a_webhook_rule_sends_a_test_and_sees_the_delivery_
     hook = receiver()
     browser = chromium_page
     page = browser.page
-    browser.goto("/login/")
-    page.fill("#id_username", "alice")
-    page.fill("#id_password", "alice-pass-123")
-    page.get_by_role("button", name="Sign in").click()
+    sign_in(browser, "alice", "alice-pass-123")
     expect(page.locator("h1")).to_have_text("Lab")
 
     browser.goto("/projects/lab/settings/tokens/")
