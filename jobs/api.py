@@ -94,7 +94,7 @@ class JobView(APIView):
     def get(self, request, pk):
         job = _job(request, pk)
         body = job_body(request.user, job)
-        body["submission"] = submission_summary(job)  # site Jobs: scheduler id, job shell version; else null
+        body["submission"] = submission_summary(job, request.user)  # site Jobs: scheduler id, job shell version; else null
         return Response(body)
 
 

@@ -40,6 +40,7 @@ from mado.services import Actor
 from mado.validation import BIGINT_MAX, as_int
 from sites.choices import SubmissionMethod
 from sites.models import SiteSettings, Submission
+from sites.submissions import job_error_for
 from sites.views import manual_instructions
 
 LIST_PAGE = 50
@@ -240,7 +241,7 @@ def _panels(request, job: Job) -> dict:
     waiting_reason = waiting.reason(job)
     submission = (Submission.objects.filter(job=job).select_related("launcher", "submitted_by").first()
                   if job.target is not None and job.target.kind == Kind.SITE else None)
-    error = _error_text(job, submission)
+    error = job_error_for(request.user, job)
     version = "|".join(map(str, [waiting_reason,
         job.status, job.end_reason, job.exit_code, job.worker_id, job.target_id, job.stop_requested_at,
         job.is_unresponsive,
@@ -267,17 +268,6 @@ def _panels(request, job: Job) -> dict:
         "waiting_reason": waiting_reason,
         "version": hashlib.sha256(version.encode()).hexdigest()[:16],
     }
-
-
-def _error_text(job: Job, submission) -> str:
-    """The Job's error with its line breaks. A site's scheduler error is kept whole by its submission;
-    the Job keeps it with the line breaks taken out (jobs.services._finish), so the page shows the
-    submission's when the two are the same text."""
-    if submission is not None and submission.error and job.error:
-        flat = "".join(ch for ch in submission.error if ch.isprintable())
-        if flat and flat[:len(job.error)] == job.error:
-            return submission.error
-    return job.error
 
 
 def _claimer(job: Job, events: list, submission) -> dict:

@@ -15,6 +15,9 @@ from __future__ import annotations
 import re
 from fnmatch import fnmatchcase
 
+from django.utils.translation import gettext as _
+from django.utils.translation import gettext_noop
+
 from mado.errors import ServiceError
 
 MAX_PATTERNS = 100
@@ -23,7 +26,7 @@ MAX_PATTERN_LENGTH = 255
 # no spaces or slashes.
 PATTERN = re.compile(r"^[a-z0-9.\-_:*?\[\]!]+$")
 JUMP_HOST = re.compile(r"^(?:[^@\s]+@)?(?P<host>\[[^\]\s]+\]|[^:\s]+)(?::[0-9]+)?$")
-WHERE = "Global administration → Launchers"
+WHERE = gettext_noop("Global administration → Launchers")
 
 
 def parse(raw) -> list[str]:
@@ -37,7 +40,7 @@ def parse(raw) -> list[str]:
     elif isinstance(raw, list) and all(isinstance(item, str) for item in raw):
         items = raw
     else:
-        raise _invalid("Give the allowed hosts as a list of host name patterns.")
+        raise _invalid(_("Give the allowed hosts as a list of host name patterns."))
     patterns: list[str] = []
     for item in items:
         pattern = item.strip().lower()
@@ -45,13 +48,13 @@ def parse(raw) -> list[str]:
             continue
         # One colon is a port (an IPv6 address has two or more): ports are not part of the rule.
         if len(pattern) > MAX_PATTERN_LENGTH or not PATTERN.fullmatch(pattern) or pattern.count(":") == 1:
-            raise _invalid(f"{item.strip()[:80]} is not a host name pattern: use letters, digits, '.', '-', ':' "
-                           "and the wildcards *, ? and [...] (no user@ and no :port), such as *.hpc.example.ac.jp "
-                           "or login[1-4].example.org.")
+            raise _invalid(_("%(item)s is not a host name pattern: use letters, digits, '.', '-', ':' and the "
+                             "wildcards *, ? and [...] (no user@ and no :port), such as *.hpc.example.ac.jp or "
+                             "login[1-4].example.org.") % {"item": item.strip()[:80]})
         if pattern not in patterns:
             patterns.append(pattern)
     if len(patterns) > MAX_PATTERNS:
-        raise _invalid(f"At most {MAX_PATTERNS} allowed host patterns.")
+        raise _invalid(_("At most %(max)s allowed host patterns.") % {"max": MAX_PATTERNS})
     return patterns
 
 
@@ -79,10 +82,12 @@ def rule(launcher, host: str) -> str:
     """Why `host` is refused: the launcher's patterns, and who changes them."""
     patterns = launcher.allowed_hosts or []
     if not patterns:
-        return (f"The launcher {launcher.name} may not log in to any host yet, so it cannot log in to {host}: a global "
-                f"administrator sets the hosts it may log in to on {WHERE}.")
-    return (f"The launcher {launcher.name} may log in only to hosts matching {', '.join(patterns)}, and {host} is "
-            f"not one of them. Choose a host that matches, or ask a global administrator to allow it on {WHERE}.")
+        return (_("The launcher %(launcher)s may not log in to any host yet, so it cannot log in to %(host)s: a "
+                  "global administrator sets the hosts it may log in to on %(where)s.")
+                % {"launcher": launcher.name, "host": host, "where": _(WHERE)})
+    return (_("The launcher %(launcher)s may log in only to hosts matching %(patterns)s, and %(host)s is not one of "
+              "them. Choose a host that matches, or ask a global administrator to allow it on %(where)s.")
+            % {"launcher": launcher.name, "patterns": ", ".join(patterns), "host": host, "where": _(WHERE)})
 
 
 def site_errors(launcher, host: str, jump_hosts: list[str]) -> dict[str, list[str]]:
@@ -146,3 +151,42 @@ def check_failure_for_users(detail: str, host: str, port: int, account: str) -> 
     who = f" as {account}" if account else ""
     return (f"{GENERIC_PREFIX}{host}:{port}{who}: check the host, port and account (and the jump hosts and "
             "known_hosts) in the computer's settings. Global administrators can read the launcher's own message.")
+
+
+# What a failed submission says to people (issue 14, the same rule as connection checks) ----------
+
+# Launcher messages about the network between the launcher and the site: whether a name resolves, a
+# port is closed or open, a server speaks SSH, which host key it shows. Only global administrators read
+# them; everyone else reads which login failed and who can fix it.
+NETWORK_MESSAGES = (
+    re.compile(r"^The host name \S+ cannot be resolved"),
+    re.compile(r"^The connection to \S+ was refused"),
+    re.compile(r"^No answer from \S+ within"),
+    re.compile(r"^Cannot connect to \S+"),
+    re.compile(r"^The jump host \S+ could not open a connection to"),
+    re.compile(r"^The SSH handshake with "),
+    re.compile(r"^The host key of "),
+)
+NOT_TRIED = re.compile(r"^Not tried: logging in to \S+ failed first: ")
+
+
+def login_reason(detail: str) -> str:
+    """The login's own failure inside a `not_tried` report ("Not tried: logging in to h failed first: …")."""
+    return NOT_TRIED.sub("", detail or "", count=1)
+
+
+def reveals_network(detail: str) -> bool:
+    """Whether a launcher's message tells something about the network behind it (NETWORK_MESSAGES, or a
+    `not_tried` login failure that is not user-fixable); other messages are the job shell's own output
+    on the login node, or what the user can fix."""
+    if NOT_TRIED.match(detail or ""):
+        return not user_fixable(login_reason(detail))
+    return any(pattern.match(detail or "") for pattern in NETWORK_MESSAGES)
+
+
+def sees_launcher_messages(user) -> bool:
+    """Global administrators read the launcher's own messages (checks, submissions); others what they can fix."""
+    from mado import access as identity
+
+    return bool(user is not None and user.is_authenticated and user.is_superuser
+                and not identity.is_job_principal(user) and not identity.is_service_user(user))

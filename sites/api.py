@@ -16,6 +16,7 @@ from mado.errors import ServiceError
 from mado.services import Actor
 from sites import known_hosts as kh
 from sites import allowed_hosts, checks, keys, services, shells
+from sites import serializers as body
 from sites.choices import SubmissionMethod
 from sites.models import JobShell, SiteSettings
 
@@ -110,7 +111,7 @@ class SiteListView(APIView):
         visible = [t for t in targets if access.can_manage(request.user, t) or access.can_use(request.user, t)]
         return Response({"items": [site_body(request.user, t) for t in visible], "next": None})
 
-    @extend_schema(request=OpenApiTypes.OBJECT, responses={201: OpenApiTypes.OBJECT})
+    @extend_schema(request=body.SiteCreateSerializer, responses={201: OpenApiTypes.OBJECT})
     def post(self, request):
         target = services.create_site(Actor.from_request(request), json_object(request))
         return Response(site_body(request.user, target), status=201)
@@ -123,7 +124,7 @@ class SiteDetailView(APIView):
     def get(self, request, pk):
         return Response(site_body(request.user, _site(request.user, pk)))
 
-    @extend_schema(request=OpenApiTypes.OBJECT, responses=OpenApiTypes.OBJECT)
+    @extend_schema(request=body.SiteChangeSerializer, responses=OpenApiTypes.OBJECT)
     def patch(self, request, pk):
         target = _site(request.user, pk)
         target = services.update_site(Actor.from_request(request), target, json_object(request))
@@ -140,7 +141,8 @@ class JobShellListView(APIView):
         items = JobShell.objects.filter(target=target).select_related("created_by").order_by("-version")
         return Response({"items": [shell_body(s) for s in items], "next": None})
 
-    @extend_schema(request=OpenApiTypes.OBJECT, responses={201: OpenApiTypes.OBJECT, 200: OpenApiTypes.OBJECT})
+    @extend_schema(request=body.JobShellSaveSerializer,
+                   responses={201: OpenApiTypes.OBJECT, 200: OpenApiTypes.OBJECT})
     def post(self, request, pk):
         target = _site(request.user, pk)
         shell, created = services.save_job_shell(Actor.from_request(request), target,
@@ -166,7 +168,7 @@ class MySettingsView(APIView):
         target = _site(request.user, pk)
         return Response(my_settings_body(target, services.my_settings(request.user, target)))
 
-    @extend_schema(request=OpenApiTypes.OBJECT, responses=OpenApiTypes.OBJECT)
+    @extend_schema(request=body.MySettingsSerializer, responses=OpenApiTypes.OBJECT)
     def put(self, request, pk):
         services.refuse_service_account(request.user)  # the same answer whatever the computer
         target = _site(request.user, pk)
@@ -180,7 +182,7 @@ class SiteCheckView(APIView):
 
     required_scopes = {"POST": Scope.JOBS_WRITE}
 
-    @extend_schema(request=OpenApiTypes.OBJECT, responses={201: OpenApiTypes.OBJECT})
+    @extend_schema(request=body.MineSerializer, responses={201: OpenApiTypes.OBJECT})
     def post(self, request, pk):
         target = _site(request.user, pk)
         mine = json_object(request).get("mine", False)
@@ -208,7 +210,7 @@ class SiteKeyRecreateView(APIView):
 
     required_scopes = {"POST": Scope.JOBS_WRITE}
 
-    @extend_schema(request=OpenApiTypes.OBJECT, responses={202: OpenApiTypes.OBJECT})
+    @extend_schema(request=body.MineSerializer, responses={202: OpenApiTypes.OBJECT})
     def post(self, request, pk):
         target = _site(request.user, pk)
         mine = json_object(request).get("mine", False)

@@ -13,6 +13,7 @@ from datetime import timedelta
 from django.db import IntegrityError, transaction
 from django.db.models import Q
 from django.utils import timezone
+from django.utils.translation import gettext as _
 
 from computers import access
 from computers.choices import OPEN_CHECK_STATUSES, CheckFailure, CheckStatus, ItemStatus
@@ -39,25 +40,25 @@ def request_site_check(actor: Actor, target, *, mine: bool) -> ConnectionCheck:
     the site and has saved My settings."""
     user = actor.user
     if user is None or not user.is_authenticated or identity.is_job_principal(user):
-        raise Forbidden("Sign in to check a site's connection.", "not_authenticated", status=401)
+        raise Forbidden(_("Sign in to check a site's connection."), "not_authenticated", status=401)
     site = services.site_settings_of(target)
     if site.submission != SubmissionMethod.AUTOMATIC:
-        raise ServiceError(f"{target.name} submits manually, so no launcher logs in to it; run "
-                           "mado-tracking submit --dry-run there instead.", "site_check_not_applicable")
+        raise ServiceError(_("%(name)s submits manually, so no launcher logs in to it; run mado-tracking submit "
+                             "--dry-run there instead.") % {"name": target.name}, "site_check_not_applicable")
     if mine:
         site_user, account_name = _own_account(user, target, site)
     else:
         if not access.can_manage(user, target):
-            raise Forbidden("Only the computer's owner and global administrators check the shared account; "
-                            "check your own account instead.", "not_owner")
+            raise Forbidden(_("Only the computer's owner and global administrators check the shared account; "
+                              "check your own account instead."), "not_owner")
         if site.account != AccountKind.SHARED:
-            raise ServiceError(f"{target.name} runs Jobs under each person's own account: check your own "
-                               "account's connection.", "site_check_not_applicable")
+            raise ServiceError(_("%(name)s runs Jobs under each person's own account: check your own account's "
+                                 "connection.") % {"name": target.name}, "site_check_not_applicable")
         site_user, account_name = None, site.ssh_user
     launcher = site.launcher
     if launcher is None or launcher.is_revoked:
-        raise Conflict(f"{target.name} has no active launcher to log in with; its owner chooses one.",
-                       "launcher_unavailable")
+        raise Conflict(_("%(name)s has no active launcher to log in with; its owner chooses one.") % {
+            "name": target.name}, "launcher_unavailable")
     if not allowed_hosts.site_allowed(site):
         raise Conflict(allowed_hosts.site_refusal(site), "launcher_host_not_allowed")
     expire_checks(force=True)
@@ -69,7 +70,7 @@ def request_site_check(actor: Actor, target, *, mine: bool) -> ConnectionCheck:
                   after={"check": check.pk, "launcher": launcher.name, "account_name": account_name,
                          "user": site_user.pk if site_user else None})
     except IntegrityError:
-        raise Conflict("A connection check of this account is already waiting or running; wait for its result.",
+        raise Conflict(_("A connection check of this account is already waiting or running; wait for its result."),
                        "target_check_in_progress") from None
     notify(SITES_CHANNEL)
     return check
@@ -79,14 +80,14 @@ def _own_account(user, target, site):
     if identity.is_service_user(user):
         services.refuse_service_account(user)
     if not access.can_use(user, target):
-        raise ServiceError("No site with this id that you can use.", "not_found", status=404)
+        raise ServiceError(_("No site with this id that you can use."), "not_found", status=404)
     if not site.uses_personal_accounts:
-        raise ServiceError(f"{target.name} runs every Job under its shared account; its owner checks that "
-                           "connection.", "site_check_not_applicable")
+        raise ServiceError(_("%(name)s runs every Job under its shared account; its owner checks that connection.")
+                           % {"name": target.name}, "site_check_not_applicable")
     mine = SiteUserSettings.objects.filter(target=target, user=user).first()
     if mine is None:
-        raise ServiceError(f"Save your account name in My settings of {target.name} first, register the public "
-                           "key shown there, then check.", "site_account_required")
+        raise ServiceError(_("Save your account name in My settings of %(name)s first, register the public key "
+                             "shown there, then check.") % {"name": target.name}, "site_account_required")
     return user, mine.account_name
 
 
@@ -171,8 +172,7 @@ def _for_users(check: ConnectionCheck, detail: str) -> str:
 
 def sees_launcher_messages(user) -> bool:
     """Global administrators read the launcher's own message of a failed check; others what they can fix."""
-    return bool(user is not None and user.is_authenticated and user.is_superuser
-                and not identity.is_job_principal(user) and not identity.is_service_user(user))
+    return allowed_hosts.sees_launcher_messages(user)
 
 
 def launcher_message(check: ConnectionCheck) -> str:

@@ -129,20 +129,26 @@ class SiteForm(forms.Form):
         return seconds
 
     def site_values(self) -> dict:
-        """What sites.services.create_site/update_site take. A manual site drops the launcher's fields."""
+        """What sites.services.create_site/update_site take. A manual site drops the launcher's fields.
+        After a refused form (is_valid() False), the fields it could read: sites.services.site_errors
+        then finds what else is wrong, so one Save shows every problem."""
         data = dict(self.cleaned_data)
         values = {name: data.get(name) for name in SITE_VALUES if name in data}
-        values["queue_timeout_seconds"] = data["queue_timeout"]
-        values["max_active_submissions"] = (DEFAULT_MAX_ACTIVE_SUBMISSIONS if data["max_active_submissions"] is None
-                                            else data["max_active_submissions"])
-        values["port"] = 22 if data["port"] is None and data["submission"] == SubmissionMethod.MANUAL else (
-            "" if data["port"] is None else data["port"])
-        values["name"] = (data["name"] or "").strip()
+        if "queue_timeout" in data:
+            values["queue_timeout_seconds"] = data["queue_timeout"]
+        if "max_active_submissions" in data:
+            values["max_active_submissions"] = (DEFAULT_MAX_ACTIVE_SUBMISSIONS if data["max_active_submissions"] is None
+                                                else data["max_active_submissions"])
+        manual = data.get("submission") == SubmissionMethod.MANUAL
+        if "port" in data:
+            values["port"] = 22 if data["port"] is None and manual else ("" if data["port"] is None else data["port"])
+        if "name" in data:
+            values["name"] = (data["name"] or "").strip()
         values["runtimes"] = list(data.get("runtimes") or [])
-        if data["submission"] == SubmissionMethod.MANUAL:
+        if manual:
             values.update({"launcher": None, "host": "", "port": 22, "jump_hosts": [], "known_hosts": "",
                            "account": AccountKind.SHARED, "ssh_user": ""})
-        elif data["account"] == AccountKind.PERSONAL:
+        elif data.get("account") == AccountKind.PERSONAL:
             values["ssh_user"] = ""
         if "template" in data:
             values["template"] = data["template"]
@@ -176,6 +182,18 @@ class MySettingsForm(forms.Form):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, label_suffix="", **kwargs)
+
+
+def add_field_errors(form: forms.Form, errors: dict[str, list[str]]) -> None:
+    """The refusals sites.services.site_errors found, under the fields the form has not refused itself."""
+    renamed = {"queue_timeout_seconds": "queue_timeout"}
+    for name, field_messages in errors.items():
+        name = renamed.get(name, name)
+        if name in form.errors:
+            continue
+        for message in field_messages:
+            form.add_error(name if name in form.fields else None,
+                           message if name in form.fields else f"{name}: {message}")
 
 
 def add_errors(form: forms.Form, error, *, renamed: dict[str, str] | None = None) -> None:

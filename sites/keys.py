@@ -11,6 +11,7 @@ import struct
 
 from django.db import transaction
 from django.utils import timezone
+from django.utils.translation import gettext as _
 
 from computers import access
 from mado.errors import Forbidden, ServiceError
@@ -132,27 +133,27 @@ def request_recreate(actor: Actor, target, *, mine: bool) -> LauncherKey:
     user = actor.user
     site = SiteSettings.objects.filter(target=target).select_related("target").first()
     if site is None or site.submission != SubmissionMethod.AUTOMATIC or site.launcher_id is None:
-        raise ServiceError("Only automatic sites with a launcher have keys.", "site_key_not_applicable")
+        raise ServiceError(_("Only automatic sites with a launcher have keys."), "site_key_not_applicable")
     if mine:
         if site.account != AccountKind.PERSONAL:
-            raise ServiceError(f"{target.name} runs under its shared account: its owner recreates that key.",
-                               "site_key_not_applicable")
+            raise ServiceError(_("%(name)s runs under its shared account: its owner recreates that key.") % {
+                "name": target.name}, "site_key_not_applicable")
         if not access.can_use(user, target):
-            raise Forbidden("You cannot use this computer, so it has no key of yours.", "not_usable")
+            raise Forbidden(_("You cannot use this computer, so it has no key of yours."), "not_usable")
         owner_of_key = user
     else:
         if site.account != AccountKind.SHARED:
-            raise ServiceError(f"{target.name} runs under each person's own account: recreate your own key.",
-                               "site_key_not_applicable")
+            raise ServiceError(_("%(name)s runs under each person's own account: recreate your own key.") % {
+                "name": target.name}, "site_key_not_applicable")
         if not access.can_manage(user, target):
-            raise Forbidden("Only the computer's owner and global administrators recreate the shared key.",
+            raise Forbidden(_("Only the computer's owner and global administrators recreate the shared key."),
                             "not_owner")
         owner_of_key = None
     with transaction.atomic():
         key = (LauncherKey.objects.select_for_update()
                .filter(target=target, launcher_id=site.launcher_id, user=owner_of_key).first())
         if key is None:
-            raise ServiceError("The launcher has not published this key yet; it makes one on its next poll.",
+            raise ServiceError(_("The launcher has not published this key yet; it makes one on its next poll."),
                                "site_key_missing", status=409)
         if key.recreate_requested_at is None:
             key.recreate_requested_at = timezone.now()

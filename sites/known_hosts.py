@@ -1,6 +1,6 @@
 """Pasted known_hosts text: parsed line by line, with each key's SHA256 fingerprint computed the way
 `ssh-keygen -l` prints it, so the owner can compare it with the site's published fingerprints before
-saving. Standard library only."""
+saving. Standard library only (plus Django's gettext for the messages)."""
 from __future__ import annotations
 
 import base64
@@ -10,6 +10,8 @@ import hmac
 import re
 import struct
 from dataclasses import dataclass
+
+from django.utils.translation import gettext as _
 
 KEY_TYPES = {
     "ssh-ed25519", "ssh-rsa", "ssh-dss", "ecdsa-sha2-nistp256", "ecdsa-sha2-nistp384", "ecdsa-sha2-nistp521",
@@ -71,19 +73,23 @@ def parse(text: str) -> list[HostKey]:
         marker = ""
         if fields[0].startswith("@"):
             if fields[0] not in MARKERS:
-                raise KnownHostsError(f"Line {number}: unknown marker {fields[0][:40]}.")
+                raise KnownHostsError(_("Line %(number)s: unknown marker %(marker)s.") % {
+                    "number": number, "marker": fields[0][:40]})
             marker, fields = fields[0], fields[1:]
         if len(fields) < 3:
-            raise KnownHostsError(f"Line {number}: expected 'host key-type base64-key', as ssh-keyscan prints.")
+            raise KnownHostsError(_("Line %(number)s: expected 'host key-type base64-key', as ssh-keyscan prints.")
+                                  % {"number": number})
         hosts, key_type, blob = fields[0], fields[1], fields[2]
         if key_type not in KEY_TYPES:
-            raise KnownHostsError(f"Line {number}: unknown key type {key_type[:40]}.")
+            raise KnownHostsError(_("Line %(number)s: unknown key type %(type)s.") % {
+                "number": number, "type": key_type[:40]})
         try:
             key = base64.b64decode(blob, validate=True)
         except (binascii.Error, ValueError):
-            raise KnownHostsError(f"Line {number}: the key is not valid base64.") from None
+            raise KnownHostsError(_("Line %(number)s: the key is not valid base64.") % {"number": number}) from None
         if _embedded_type(key) != key_type:
-            raise KnownHostsError(f"Line {number}: the key data is not a {key_type} key.")
+            raise KnownHostsError(_("Line %(number)s: the key data is not a %(type)s key.") % {
+                "number": number, "type": key_type})
         keys.append(HostKey(number, marker, hosts, key_type, key, " ".join(fields[3:])))
     return keys
 

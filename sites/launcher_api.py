@@ -17,6 +17,7 @@ from mado.errors import ServiceError
 from mado.models import Project
 from mado.services import Actor
 from sites import checks, keys, launchers, submissions
+from sites import serializers as body
 from sites.models import Launcher
 from workers.longpoll import MAX_WAIT_SECONDS
 
@@ -64,7 +65,7 @@ class LauncherListView(GlobalAdminView):
         items = Launcher.objects.select_related("token__project", "created_by")
         return Response({"items": [launcher_body(launcher) for launcher in items], "next": None})
 
-    @extend_schema(request=OpenApiTypes.OBJECT, responses={201: OpenApiTypes.OBJECT})
+    @extend_schema(request=body.LauncherCreateSerializer, responses={201: OpenApiTypes.OBJECT})
     def post(self, request):
         data = json_object(request)
         slug = data.get("project")
@@ -82,7 +83,8 @@ class LauncherDetailView(GlobalAdminView):
     def get(self, request, pk):
         return Response(launcher_body(self.launcher(pk)))
 
-    @extend_schema(operation_id="launchers_update", request=OpenApiTypes.OBJECT, responses=OpenApiTypes.OBJECT)
+    @extend_schema(operation_id="launchers_update", request=body.LauncherChangeSerializer,
+                   responses=OpenApiTypes.OBJECT)
     def patch(self, request, pk):
         """Change the hosts the launcher may log in to: `{"allowed_hosts": ["*.hpc.example.ac.jp", …]}`."""
         data = json_object(request)
@@ -149,14 +151,15 @@ class LauncherConfigView(LauncherView):
 
 
 class LauncherKeysView(LauncherView):
-    @extend_schema(operation_id="launcher_keys_publish", request=OpenApiTypes.OBJECT, responses=OpenApiTypes.OBJECT)
+    @extend_schema(operation_id="launcher_keys_publish", request=body.LauncherKeySerializer,
+                   responses=OpenApiTypes.OBJECT)
     def post(self, request):
         key = keys.publish_key(self.launcher, json_object(request))
         return Response({"computer": key.target_id, "user": key.user_id, "fingerprint": key.fingerprint})
 
 
 class LauncherCheckCompleteView(LauncherView):
-    @extend_schema(operation_id="launcher_check_complete", request=OpenApiTypes.OBJECT,
+    @extend_schema(operation_id="launcher_check_complete", request=body.LauncherCheckCompleteSerializer,
                    responses=OpenApiTypes.OBJECT)
     def post(self, request, check_id):
         check = checks.complete(self.launcher, check_id, json_object(request))
@@ -164,7 +167,7 @@ class LauncherCheckCompleteView(LauncherView):
 
 
 class LauncherClaimView(LauncherView):
-    @extend_schema(operation_id="launcher_submissions_claim", request=OpenApiTypes.OBJECT,
+    @extend_schema(operation_id="launcher_submissions_claim", request=body.LauncherClaimSerializer,
                    responses=OpenApiTypes.OBJECT)
     def post(self, request):
         body = json_object(request)
@@ -173,7 +176,7 @@ class LauncherClaimView(LauncherView):
 
 
 class LauncherReportView(LauncherView):
-    @extend_schema(operation_id="launcher_submissions_report", request=OpenApiTypes.OBJECT,
+    @extend_schema(operation_id="launcher_submissions_report", request=body.SubmissionReportSerializer,
                    responses=OpenApiTypes.OBJECT)
     def post(self, request):
         jobs = submissions.report(Actor.from_request(request), json_object(request), launcher=self.launcher)
@@ -181,7 +184,7 @@ class LauncherReportView(LauncherView):
 
 
 class LauncherCancellationReportView(LauncherView):
-    @extend_schema(operation_id="launcher_cancellations_report", request=OpenApiTypes.OBJECT,
+    @extend_schema(operation_id="launcher_cancellations_report", request=body.CancellationReportSerializer,
                    responses=OpenApiTypes.OBJECT)
     def post(self, request):
         return Response(submissions.report_cancellation(self.launcher, json_object(request)))

@@ -10,6 +10,7 @@ import uuid
 from django.contrib.auth.models import User
 from django.db import IntegrityError, transaction
 from django.utils import timezone
+from django.utils.translation import gettext as _
 
 from mado import access
 from mado.choices import Scope, TokenKind
@@ -31,7 +32,7 @@ def require_global_admin(actor: Actor) -> None:
     if user is None:  # operator commands act as the system
         return
     if not user.is_superuser or access.is_job_principal(user) or access.is_service_user(user):
-        raise Forbidden("Only global administrators manage launchers.", "global_admin_required")
+        raise Forbidden(_("Only global administrators manage launchers."), "global_admin_required")
 
 
 def project_of(launcher: Launcher) -> Project | None:
@@ -63,13 +64,13 @@ def register_launcher(actor: Actor, name: str, project: Project, allowed_hosts=N
     patterns = host_policy.parse(allowed_hosts)
     name = (name or "").strip() if isinstance(name, str) else ""
     if not NAME_PATTERN.match(name):
-        raise ServiceError("Use 1–64 letters, digits, '.', '_' or '-' for the name, starting with a letter or digit.",
-                           "invalid_name", fields={"name": ["Invalid name."]})
+        raise ServiceError(_("Use 1–64 letters, digits, '.', '_' or '-' for the name, starting with a letter or "
+                             "digit."), "invalid_name", fields={"name": [_("Invalid name.")]})
     if not isinstance(project, Project):
-        raise ServiceError("Choose the project the launcher's token belongs to.", "invalid_project",
-                           fields={"project": ["Unknown project."]})
-    taken = Conflict(f"A launcher named {name} already exists; choose another name.", "launcher_name_taken",
-                     fields={"name": ["Already taken."]})
+        raise ServiceError(_("Choose the project the launcher's token belongs to."), "invalid_project",
+                           fields={"project": [_("Unknown project.")]})
+    taken = Conflict(_("A launcher named %(name)s already exists; choose another name.") % {"name": name},
+                     "launcher_name_taken", fields={"name": [_("Already taken.")]})
     if Launcher.objects.filter(name__iexact=name).exists():
         raise taken
     try:
@@ -93,12 +94,12 @@ def recreate_token(actor: Actor, launcher: Launcher) -> tuple[Launcher, str]:
     with transaction.atomic():
         launcher = Launcher.objects.select_for_update().get(pk=launcher.pk)
         if launcher.is_revoked:
-            raise Conflict(f"The launcher {launcher.name} was revoked; register a new one instead.",
-                           "launcher_revoked")
+            raise Conflict(_("The launcher %(name)s was revoked; register a new one instead.")
+                           % {"name": launcher.name}, "launcher_revoked")
         old = launcher.token
         if old is None:
-            raise Conflict(f"The launcher {launcher.name} has no token to recreate; register a new one instead.",
-                           "launcher_without_token")
+            raise Conflict(_("The launcher %(name)s has no token to recreate; register a new one instead.")
+                           % {"name": launcher.name}, "launcher_without_token")
         _revoke_token(actor, old)
         token, plaintext = _issue(actor, launcher, old.user, old.project)
         audit(actor, "launcher.token.recreate", launcher, project=old.project,

@@ -16,6 +16,7 @@ from rest_framework.views import APIView
 from jobs import outputs
 from mado.api.views import json_object
 from mado.choices import Scope
+from sites import serializers as body
 from sites import submissions
 from sites.models import SiteSettings
 
@@ -37,7 +38,7 @@ class RunnerView(APIView):
 
 
 class RunnerStartView(RunnerView):
-    @extend_schema(operation_id="runner_start", request=OpenApiTypes.OBJECT, responses=OpenApiTypes.OBJECT)
+    @extend_schema(operation_id="runner_start", request=body.RunnerStartSerializer, responses=OpenApiTypes.OBJECT)
     def post(self, request, job_id):
         job = submissions.runner_start(job_id, json_object(request))
         site = SiteSettings.objects.get(target_id=job.target_id)
@@ -51,7 +52,8 @@ class RunnerStartView(RunnerView):
 
 
 class RunnerHeartbeatView(RunnerView):
-    @extend_schema(operation_id="runner_heartbeat", request=OpenApiTypes.OBJECT, responses=OpenApiTypes.OBJECT)
+    @extend_schema(operation_id="runner_heartbeat", request=body.RunnerHeartbeatSerializer,
+                   responses=OpenApiTypes.OBJECT)
     def post(self, request, job_id):
         job = submissions.runner_heartbeat(job_id, json_object(request))
         answer = {"cancel_requested": job.stop_requested_at is not None, "status": job.status}
@@ -62,25 +64,25 @@ class RunnerHeartbeatView(RunnerView):
 
 
 class RunnerLogsView(RunnerView):
-    @extend_schema(operation_id="runner_logs", request=OpenApiTypes.OBJECT, responses=OpenApiTypes.OBJECT)
+    @extend_schema(operation_id="runner_logs", request=body.RunnerLogsSerializer, responses=OpenApiTypes.OBJECT)
     def post(self, request, job_id):
         return Response({"stored": submissions.runner_logs(job_id, json_object(request))})
 
 
 class RunnerMetricsView(RunnerView):
-    @extend_schema(operation_id="runner_metrics", request=OpenApiTypes.OBJECT, responses=OpenApiTypes.OBJECT)
+    @extend_schema(operation_id="runner_metrics", request=body.RunnerMetricsSerializer, responses=OpenApiTypes.OBJECT)
     def post(self, request, job_id):
         return Response({"stored": submissions.runner_metrics(job_id, json_object(request))})
 
 
 class RunnerOutputsView(RunnerView):
-    @extend_schema(operation_id="runner_outputs", request=OpenApiTypes.OBJECT, responses=OpenApiTypes.OBJECT)
+    @extend_schema(operation_id="runner_outputs", request=body.RunnerOutputsSerializer, responses=OpenApiTypes.OBJECT)
     def post(self, request, job_id):
         return Response({"upload": submissions.runner_outputs(job_id, json_object(request))})
 
 
 class RunnerFinishView(RunnerView):
-    @extend_schema(operation_id="runner_finish", request=OpenApiTypes.OBJECT, responses=OpenApiTypes.OBJECT)
+    @extend_schema(operation_id="runner_finish", request=body.RunnerFinishSerializer, responses=OpenApiTypes.OBJECT)
     def post(self, request, job_id):
         job = submissions.runner_finish(job_id, json_object(request))
         return Response({"id": job.pk, "status": job.status, "end_reason": job.end_reason})

@@ -8,6 +8,7 @@ import re
 from urllib.parse import urlsplit
 
 from django.db import IntegrityError, transaction
+from django.utils.translation import gettext as _
 
 from computers import access
 from computers.choices import CpuArch, Kind, Runtime
@@ -65,19 +66,19 @@ def create_site(actor: Actor, data: dict) -> ComputeTarget:
     The job shell starts as version 1: the chosen template, or the given content."""
     user = actor.user
     if user is None or not access.can_add(user, Kind.SITE):
-        raise Forbidden("Sign in to add a computer.", "not_authenticated", status=401)
+        raise Forbidden(_("Sign in to add a computer."), "not_authenticated", status=401)
     if identity.is_service_user(user):
-        raise Forbidden("Service accounts cannot add computers; a person adds the site and owns it.",
+        raise Forbidden(_("Service accounts cannot add computers; a person adds the site and owns it."),
                         "service_account_cannot_add")
     if not isinstance(data, dict):
-        raise ServiceError("Send the site's fields as an object.", "invalid_site")
+        raise ServiceError(_("Send the site's fields as an object."), "invalid_site")
     unknown = sorted(set(data) - set(EDITABLE_FIELDS) - {"template", "job_shell", "kind"})
     if unknown:
-        raise ServiceError(f"Unknown fields: {', '.join(unknown)}.", "unknown_fields",
-                           fields={name: ["Unknown field."] for name in unknown})
+        raise ServiceError(_("Unknown fields: %(fields)s.") % {"fields": ", ".join(unknown)}, "unknown_fields",
+                           fields={name: [_("Unknown field.")] for name in unknown})
     if data.get("kind") not in (None, "", Kind.SITE):
-        raise ServiceError("This form adds sites only; SSH and Local computers are added as those types.",
-                           "invalid_site", fields={"kind": ["Must be site."]})
+        raise ServiceError(_("This form adds sites only; SSH and Local computers are added as those types."),
+                           "invalid_site", fields={"kind": [_("Must be site.")]})
     errors: dict[str, list[str]] = {}
     content, template = _initial_job_shell(data, errors)
     target_values, settings_values = _clean({**data, "template": template}, errors, current=None)
@@ -99,14 +100,14 @@ def update_site(actor: Actor, target: ComputeTarget, changes: dict) -> ComputeTa
     """Change a site (its owner or a global administrator). Connection, account and runtimes stay
     as they are while Jobs are queued or running on it."""
     site = site_settings_of(target)
-    _require_manager(actor, target, "Only the computer's owner and global administrators can change it.")
+    _require_manager(actor, target, _("Only the computer's owner and global administrators can change it."))
     if not isinstance(changes, dict):
-        raise ServiceError("Send the changed fields as an object.", "invalid_site")
+        raise ServiceError(_("Send the changed fields as an object."), "invalid_site")
     unknown = sorted(set(changes) - set(EDITABLE_FIELDS))
     if unknown:
-        raise ServiceError(f"These fields cannot be changed here: {', '.join(unknown)}. Save the job shell "
-                           "as a new version instead.", "read_only_fields",
-                           fields={name: ["Read only."] for name in unknown})
+        raise ServiceError(_("These fields cannot be changed here: %(fields)s. Save the job shell as a new version "
+                             "instead.") % {"fields": ", ".join(unknown)}, "read_only_fields",
+                           fields={name: [_("Read only.")] for name in unknown})
     with transaction.atomic():
         target = ComputeTarget.objects.select_for_update().get(pk=target.pk)
         site = SiteSettings.objects.select_for_update().get(pk=site.pk)
@@ -125,9 +126,9 @@ def update_site(actor: Actor, target: ComputeTarget, changes: dict) -> ComputeTa
         jobs = list(active_jobs(target)[:5]) if held else []
         if jobs:
             ids = ", ".join(str(job.pk) for job in jobs)
-            raise Conflict(f"Jobs {ids} are queued or running on this computer, so {', '.join(held)} cannot "
-                           "change now; save after the Jobs end.", "computer_in_use",
-                           fields={name: ["Locked while Jobs use this computer."] for name in held})
+            raise Conflict(_("Jobs %(ids)s are queued or running on this computer, so %(fields)s cannot change now; "
+                             "save after the Jobs end.") % {"ids": ids, "fields": ", ".join(held)}, "computer_in_use",
+                           fields={name: [_("Locked while Jobs use this computer.")] for name in held})
         before = _snapshot(target, site, only=changed)
         for name, value in changed.items():
             setattr(target if name in TARGET_FIELDS else site, name, value)
@@ -137,12 +138,35 @@ def update_site(actor: Actor, target: ComputeTarget, changes: dict) -> ComputeTa
     return target
 
 
+def site_errors(actor: Actor, data: dict, *, target: ComputeTarget | None = None) -> dict[str, list[str]]:
+    """Every problem of the given fields at once, without saving anything: what create_site (or
+    update_site of `target`) would refuse, field by field. The site form calls it when it refused a
+    field of its own (such as a queue timeout it cannot read), so one Save reports every wrong field;
+    fields the form could not read are left out of `data` and take their defaults here."""
+    errors: dict[str, list[str]] = {}
+    if not isinstance(data, dict):
+        return errors
+    data = {name: value for name, value in data.items() if name in EDITABLE_FIELDS or name in ("template", "job_shell")}
+    if target is None:
+        _content, template = _initial_job_shell(data, errors)
+        _target, settings_values = _clean({**data, "template": template}, errors, current=None)
+        _check_destination(settings_values, errors)
+        return errors
+    site = site_settings_of(target)
+    current = {**{f: getattr(target, f) for f in TARGET_FIELDS}, **_settings_dict(site)}
+    _target, settings_values = _clean({**current, **data}, errors, current=target)
+    if any(settings_values[name] != current[name] for name in DESTINATION_FIELDS):
+        _check_destination(settings_values, errors)
+    return errors
+
+
 def site_settings_of(target: ComputeTarget) -> SiteSettings:
     if target.kind != Kind.SITE:
-        raise ServiceError(f"{target.name} is not a site.", "not_a_site", status=404)
+        raise ServiceError(_("%(name)s is not a site.") % {"name": target.name}, "not_a_site", status=404)
     site = SiteSettings.objects.select_related("launcher").filter(target=target).first()
     if site is None:
-        raise ServiceError(f"{target.name} has no site settings; its owner saves them first.", "site_not_configured")
+        raise ServiceError(_("%(name)s has no site settings; its owner saves them first.") % {"name": target.name},
+                           "site_not_configured")
     return site
 
 
@@ -162,7 +186,7 @@ def save_job_shell(actor: Actor, target: ComputeTarget, content) -> tuple[JobShe
     """Save the job shell as the next version; content identical to the current version makes no
     new version. Returns (version, created)."""
     site = site_settings_of(target)
-    _require_manager(actor, target, "Only the computer's owner and global administrators can save its job shell.")
+    _require_manager(actor, target, _("Only the computer's owner and global administrators can save its job shell."))
     content = shells.normalize_content(content)
     shells.validate_content(content)
     digest = shells.content_sha256(content)
@@ -180,7 +204,7 @@ def save_job_shell(actor: Actor, target: ComputeTarget, content) -> tuple[JobShe
                   after={"computer": target.pk, "version": version, "sha256": digest,
                          "bytes": len(content.encode("utf-8"))})
     except IntegrityError:
-        raise Conflict("Someone saved this job shell at the same moment; reload it and save again.",
+        raise Conflict(_("Someone saved this job shell at the same moment; reload it and save again."),
                        "job_shell_conflict") from None
     return shell, True
 
@@ -198,27 +222,28 @@ def save_my_settings(actor: Actor, target: ComputeTarget, data: dict) -> SiteUse
     under each person's own account. People who can use the computer; never service accounts."""
     user = actor.user
     if user is None or not user.is_authenticated:
-        raise Forbidden("Sign in to save your settings.", "not_authenticated", status=401)
+        raise Forbidden(_("Sign in to save your settings."), "not_authenticated", status=401)
     refuse_service_account(user)
     site = site_settings_of(target)
     if not access.can_use(user, target):
-        raise ServiceError("No computer with this id that you can use.", "not_found", status=404)
+        raise ServiceError(_("No computer with this id that you can use."), "not_found", status=404)
     if not site.uses_personal_accounts:
-        message = ("This computer submits manually: mado-tracking submit runs under your account, and takes "
-                   "variables with --var NAME=VALUE." if site.submission == SubmissionMethod.MANUAL else
-                   "This computer runs every Job under its shared account; there is nothing to save in My settings.")
+        message = (_("This computer submits manually: mado-tracking submit runs under your account, and takes "
+                     "variables with --var NAME=VALUE.") if site.submission == SubmissionMethod.MANUAL else
+                   _("This computer runs every Job under its shared account; there is nothing to save in My "
+                     "settings."))
         raise ServiceError(message, "my_settings_not_applicable")
     if not isinstance(data, dict):
-        raise ServiceError("Send your settings as an object.", "invalid_my_settings")
+        raise ServiceError(_("Send your settings as an object."), "invalid_my_settings")
     unknown = sorted(set(data) - {"account_name", "working_dir", "variables"})
-    errors: dict[str, list[str]] = {name: ["Unknown field."] for name in unknown}
+    errors: dict[str, list[str]] = {name: [_("Unknown field.")] for name in unknown}
     account_name = str(data.get("account_name") or "").strip()
     if not ACCOUNT_PATTERN.fullmatch(account_name):
-        errors["account_name"] = [("Enter your account name on this computer: letters, digits, _ . -, "
-                                   "not starting with . or -.")]
+        errors["account_name"] = [_("Enter your account name on this computer: letters, digits, _ . -, "
+                                    "not starting with . or -.")]
     working_dir = str(data.get("working_dir") or "").strip()
     if working_dir and not shells.is_path(working_dir):
-        errors["working_dir"] = [f"The working directory must be {shells.PATH_RULE}."]
+        errors["working_dir"] = [_("The working directory must be %(rule)s.") % {"rule": shells.path_rule()}]
     variables = _variables(data.get("variables"), errors)
     if errors:
         raise _invalid(errors, code="invalid_my_settings")
@@ -241,8 +266,8 @@ def save_my_settings(actor: Actor, target: ComputeTarget, data: dict) -> SiteUse
 
 def refuse_service_account(user) -> None:
     if identity.is_service_user(user):
-        raise Forbidden("Service accounts cannot have their own settings, so they cannot use computers that run "
-                        "under each person's own account.", "service_account_no_settings")
+        raise Forbidden(_("Service accounts cannot have their own settings, so they cannot use computers that run "
+                          "under each person's own account."), "service_account_no_settings")
 
 
 def check_can_submit(user, target: ComputeTarget) -> None:
@@ -256,14 +281,15 @@ def check_can_submit(user, target: ComputeTarget) -> None:
         return
     if identity.is_service_user(user):
         raise ServiceError(
-            f"{target.name} runs Jobs under each person's own account, and service accounts cannot have their own "
-            "settings: run these Jobs on a computer with a shared account or manual submission.",
-            "site_account_required", fields={"computer": ["Service accounts cannot use this computer."]})
+            _("%(name)s runs Jobs under each person's own account, and service accounts cannot have their own "
+              "settings: run these Jobs on a computer with a shared account or manual submission.")
+            % {"name": target.name},
+            "site_account_required", fields={"computer": [_("Service accounts cannot use this computer.")]})
     if not SiteUserSettings.objects.filter(target=target, user=user).exists():
         raise ServiceError(
-            f"{target.name} runs Jobs under your own account: save your account name in My settings of "
-            "the computer first, then register the public key shown there.",
-            "site_account_required", fields={"computer": ["Save My settings first."]})
+            _("%(name)s runs Jobs under your own account: save your account name in My settings of the computer "
+              "first, then register the public key shown there.") % {"name": target.name},
+            "site_account_required", fields={"computer": [_("Save My settings first.")]})
 
 
 # Rendering for submissions ----------------------------------------------------------------------
@@ -349,10 +375,11 @@ def _initial_job_shell(data: dict, errors: dict) -> tuple[str, str]:
             errors["job_shell"] = exc.fields.get("content", [exc.message])
             return "", template if template in Template.values else ""
         if template and template not in Template.values:
-            errors["template"] = [f"Choose one of {', '.join(Template.values)}."]
+            errors["template"] = [_("Choose one of %(templates)s.") % {"templates": ", ".join(Template.values)}]
         return content, template if template in Template.values else ""
     if template not in Template.values:
-        errors["template"] = [f"Choose a job shell template: {', '.join(Template.values)}."]
+        errors["template"] = [_("Choose a job shell template: %(templates)s.") % {
+            "templates": ", ".join(Template.values)}]
         return "", ""
     return shells.builtin_template(template), template
 
@@ -365,41 +392,41 @@ def _clean(data: dict, errors: dict, *, current: ComputeTarget | None) -> tuple[
     target.update(clean_name_and_visibility(data, errors, current=current))
     enabled = data.get("enabled", True)
     if not isinstance(enabled, bool):
-        errors["enabled"] = ["Enabled must be true or false."]
+        errors["enabled"] = [_("Enabled must be true or false.")]
     target["enabled"] = bool(enabled)
     target["cpu_arch"] = data.get("cpu_arch") or CpuArch.AMD64
     if target["cpu_arch"] not in CpuArch.values:
-        errors["cpu_arch"] = ["CPU architecture must be amd64 or arm64."]
+        errors["cpu_arch"] = [_("CPU architecture must be amd64 or arm64.")]
     runtimes = data.get("runtimes")
     if runtimes in (None, [], ""):
         runtimes = _default_runtimes(data.get("template"))
     if not isinstance(runtimes, list) or not runtimes or not set(runtimes) <= set(Runtime.values):
-        errors["runtimes"] = [f"Choose 1–4 runtimes from {', '.join(Runtime.values)}."]
+        errors["runtimes"] = [_("Choose 1–4 runtimes from %(runtimes)s.") % {"runtimes": ", ".join(Runtime.values)}]
         runtimes = []
     target["runtimes"] = [r for r in Runtime.values if r in runtimes]
 
     submission = data.get("submission") or SubmissionMethod.AUTOMATIC
     if submission not in SubmissionMethod.values:
-        errors["submission"] = ["Submission method must be automatic or manual."]
+        errors["submission"] = [_("Submission method must be automatic or manual.")]
     account = data.get("account") or AccountKind.SHARED
     if account not in AccountKind.values:
-        errors["account"] = ["Account must be shared or personal."]
+        errors["account"] = [_("Account must be shared or personal.")]
     site["submission"], site["account"] = submission, account
     automatic = submission == SubmissionMethod.AUTOMATIC
 
     site["launcher"] = _launcher(data.get("launcher"), automatic, errors)
     host = str(data.get("host") or "").strip()
     if host and not HOST_PATTERN.fullmatch(host):
-        errors["host"] = ["Enter the login node's host name or address, without user or port."]
+        errors["host"] = [_("Enter the login node's host name or address, without user or port.")]
     elif automatic and not host:
-        errors["host"] = ["Enter the login node the launcher connects to."]
+        errors["host"] = [_("Enter the login node the launcher connects to.")]
     site["host"] = host
-    site["port"] = _int_in(data.get("port", 22), 1, 65535, "port", errors, "Port must be between 1 and 65535.")
+    site["port"] = _int_in(data.get("port", 22), 1, 65535, "port", errors, _("Port must be between 1 and 65535."))
     ssh_user = str(data.get("ssh_user") or "").strip()
     if ssh_user and not ACCOUNT_PATTERN.fullmatch(ssh_user):
-        errors["ssh_user"] = ["The shared account name may hold letters, digits, _ . - and not start with . or -."]
+        errors["ssh_user"] = [_("The shared account name may hold letters, digits, _ . - and not start with . or -.")]
     elif automatic and account == AccountKind.SHARED and not ssh_user:
-        errors["ssh_user"] = ["Enter the shared account everyone's Jobs run under."]
+        errors["ssh_user"] = [_("Enter the shared account everyone's Jobs run under.")]
     site["ssh_user"] = ssh_user
     site["jump_hosts"] = _jump_hosts(data.get("jump_hosts"), errors)
     # Which keys known_hosts needs is checked only once host, port and jump hosts are valid themselves.
@@ -407,19 +434,21 @@ def _clean(data: dict, errors: dict, *, current: ComputeTarget | None) -> tuple[
     site["known_hosts"] = _known_hosts(data.get("known_hosts"), automatic, reachable, host, site["port"],
                                        site["jump_hosts"], errors)
 
-    for field, label in (("working_dir", "working directory"), ("runner_python", "runner's Python")):
+    for field, message in (("working_dir", _("Enter the working directory as %(rule)s.")),
+                           ("runner_python", _("Enter the runner's Python as %(rule)s."))):
         value = str(data.get(field) or "").strip()
         if not shells.is_path(value):
-            errors[field] = [f"Enter the {label} as {shells.PATH_RULE}."]
+            errors[field] = [message % {"rule": shells.path_rule()}]
         site[field] = value
     site["runner_api_url"] = _api_url(data.get("runner_api_url"), errors)
     site["variables"] = _variables(data.get("variables"), errors)
     site["max_active_submissions"] = _int_in(
         data.get("max_active_submissions", DEFAULT_MAX_ACTIVE_SUBMISSIONS), 1, MAX_ACTIVE_SUBMISSIONS,
-        "max_active_submissions", errors, f"Max active submissions must be between 1 and {MAX_ACTIVE_SUBMISSIONS}.")
+        "max_active_submissions", errors,
+        _("Max active submissions must be between 1 and %(max)s.") % {"max": MAX_ACTIVE_SUBMISSIONS})
     site["queue_timeout_seconds"] = _int_in(
         data.get("queue_timeout_seconds", DEFAULT_QUEUE_TIMEOUT), MIN_QUEUE_TIMEOUT, MAX_QUEUE_TIMEOUT,
-        "queue_timeout_seconds", errors, "The queue timeout must be between 60 seconds and 30 days.")
+        "queue_timeout_seconds", errors, _("The queue timeout must be between 60 seconds and 30 days."))
     return target, site
 
 
@@ -446,16 +475,16 @@ def _launcher(raw, automatic: bool, errors: dict) -> Launcher | None:
         raw = raw.pk
     if raw in (None, ""):
         if automatic:
-            errors["launcher"] = [("Choose the launcher that logs in to this site (a global administrator "
-                                   "registers launchers).")]
+            errors["launcher"] = [_("Choose the launcher that logs in to this site (a global administrator "
+                                    "registers launchers).")]
         return None
     launcher_id = as_int(raw, low=1, high=BIGINT_MAX)
     launcher = Launcher.objects.filter(pk=launcher_id).first() if launcher_id is not None else None
     if launcher is None:
-        errors["launcher"] = ["No launcher with this id."]
+        errors["launcher"] = [_("No launcher with this id.")]
         return None
     if launcher.is_revoked:
-        errors["launcher"] = [f"The launcher {launcher.name} was revoked; choose another."]
+        errors["launcher"] = [_("The launcher %(name)s was revoked; choose another.") % {"name": launcher.name}]
     return launcher
 
 
@@ -464,15 +493,15 @@ def _jump_hosts(raw, errors: dict) -> list[str]:
         return []
     items = raw.split() if isinstance(raw, str) else raw
     if not isinstance(items, list) or not all(isinstance(i, str) for i in items):
-        errors["jump_hosts"] = ["Give jump hosts as [user@]host[:port], one per line."]
+        errors["jump_hosts"] = [_("Give jump hosts as [user@]host[:port], one per line.")]
         return []
     items = [i.strip() for i in items if i.strip()]
     if len(items) > MAX_JUMP_HOSTS:
-        errors["jump_hosts"] = [f"At most {MAX_JUMP_HOSTS} jump hosts."]
+        errors["jump_hosts"] = [_("At most %(max)s jump hosts.") % {"max": MAX_JUMP_HOSTS}]
     for item in items:
         match = JUMP_HOST_PATTERN.fullmatch(item)
         if not match or (match["port"] and not 1 <= int(match["port"]) <= 65535):
-            errors["jump_hosts"] = [f"{item[:80]} is not [user@]host[:port]."]
+            errors["jump_hosts"] = [_("%(item)s is not [user@]host[:port].") % {"item": item[:80]}]
             break
     return items
 
@@ -480,22 +509,22 @@ def _jump_hosts(raw, errors: dict) -> list[str]:
 def _known_hosts(raw, automatic: bool, check_hosts: bool, host: str, port: int, jump_hosts: list[str], errors: dict) -> str:
     text = shells.normalize_content(raw or "") if isinstance(raw, (str, type(None))) else None
     if text is None:
-        errors["known_hosts"] = ["Paste known_hosts as text."]
+        errors["known_hosts"] = [_("Paste known_hosts as text.")]
         return ""
     text = text.strip() + ("\n" if text.strip() else "")
     if len(text.encode("utf-8")) > MAX_KNOWN_HOSTS_BYTES:
-        errors["known_hosts"] = ["known_hosts is larger than 64 KiB; paste only this site's lines."]
+        errors["known_hosts"] = [_("known_hosts is larger than 64 KiB; paste only this site's lines.")]
         return text
     try:
         keys = kh.parse(text)
     except kh.KnownHostsError as exc:
-        errors["known_hosts"] = [f"{exc} Paste the output of ssh-keyscan."]
+        errors["known_hosts"] = [_("%(problem)s Paste the output of ssh-keyscan.") % {"problem": exc}]
         return text
     if not automatic:
         return text
     if not keys:
-        errors["known_hosts"] = [("Paste the login node's host keys: run ssh-keyscan for it, compare the fingerprints "
-                                  "with the ones the site publishes, then paste the output.")]
+        errors["known_hosts"] = [_("Paste the login node's host keys: run ssh-keyscan for it, compare the "
+                                   "fingerprints with the ones the site publishes, then paste the output.")]
         return text
     if not check_hosts:
         return text
@@ -508,8 +537,9 @@ def _known_hosts(raw, automatic: bool, check_hosts: bool, host: str, port: int, 
     if missing:
         shown = ", ".join(name if p == 22 else f"[{name}]:{p}" for name, p in missing)
         commands = "; ".join(f"ssh-keyscan{'' if p == 22 else f' -p {p}'} {name}" for name, p in missing)
-        errors["known_hosts"] = [(f"known_hosts has no key for {shown}. Run {commands}, compare the fingerprints "
-                                  "with the ones the site publishes, then paste the output.")]
+        errors["known_hosts"] = [_("known_hosts has no key for %(hosts)s. Run %(commands)s, compare the fingerprints "
+                                   "with the ones the site publishes, then paste the output.")
+                                 % {"hosts": shown, "commands": commands}]
     return text
 
 
@@ -520,8 +550,8 @@ def _api_url(raw, errors: dict) -> str:
           and not parts.password and not parts.query and not parts.fragment and len(url) <= 2000
           and not any(ch.isspace() or ch in "'\"`$\\<>" for ch in url))
     if not ok:
-        errors["runner_api_url"] = [("Enter this server's URL as the compute nodes reach it, such as "
-                                     "https://tracking.example.org (no user, query or quotes).")]
+        errors["runner_api_url"] = [_("Enter this server's URL as the compute nodes reach it, such as "
+                                      "https://tracking.example.org (no user, query or quotes).")]
     return url.rstrip("/")
 
 
@@ -550,7 +580,7 @@ def _require_manager(actor: Actor, target: ComputeTarget, message: str) -> None:
 
 def _invalid(errors: dict, code: str = "invalid_site") -> ServiceError:
     summary = " ".join(f"{name}: {' '.join(messages)}" for name, messages in errors.items())
-    return ServiceError(f"Fix these fields: {summary}", code, fields=errors)
+    return ServiceError(_("Fix these fields: %(summary)s") % {"summary": summary}, code, fields=errors)
 
 
 def _settings_dict(site: SiteSettings) -> dict:

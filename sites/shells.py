@@ -21,7 +21,8 @@ presence counts, never its output: the server lets cluster jobs reach a site onl
 current job shell defines it (`runs_clusters`), and renders no cluster job with a shell that does not.
 The built-in Slurm template defines it; the others do not.
 
-Standard library only (plus mado.errors), so the rules can be read in one place."""
+Standard library only (plus mado.errors and Django's gettext for the messages), so the rules can be read in
+one place."""
 from __future__ import annotations
 
 import hashlib
@@ -32,6 +33,9 @@ import tempfile
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
+
+from django.utils.translation import gettext as _
+from django.utils.translation import gettext_noop
 
 from mado.errors import ServiceError
 from sites.choices import DEFAULT_WALLTIME_SECONDS, MAX_JOB_SHELL_BYTES, MAX_VARIABLES, Template
@@ -70,8 +74,8 @@ def builtin_template(key: str) -> str:
     """The built-in job shell `key` (a Template value), with the common checks written in, so what the
     owner sees and edits is exactly what runs."""
     if key not in Template.values:
-        raise ServiceError(f"Choose a job shell template from {', '.join(Template.values)}.", "unknown_template",
-                           fields={"template": ["Unknown template."]})
+        raise ServiceError(_("Choose a job shell template from %(templates)s.") % {
+            "templates": ", ".join(Template.values)}, "unknown_template", fields={"template": [_("Unknown template.")]})
     body = (TEMPLATE_DIR / f"{key}.sh").read_text()
     common = (TEMPLATE_DIR / "_common.sh").read_text()
     hosts = (TEMPLATE_DIR / "_hosts.sh").read_text()
@@ -102,16 +106,17 @@ def validate_content(content: str) -> None:
     size = len(content.encode("utf-8"))
     problem = None
     if not content.strip():
-        problem = "The job shell is empty; start from a template."
+        problem = _("The job shell is empty; start from a template.")
     elif size > MAX_JOB_SHELL_BYTES:
-        problem = f"The job shell is {size} bytes; keep it under 1 MiB."
+        problem = _("The job shell is %(size)s bytes; keep it under 1 MiB.") % {"size": size}
     elif "\0" in content:
-        problem = "The job shell contains a NUL character; paste it as plain text."
+        problem = _("The job shell contains a NUL character; paste it as plain text.")
     else:
         missing = [name for name in ("mmt_submit", "mmt_cancel") if not defines(content, name)]
         if missing:
-            problem = (f"The job shell must define {' and '.join(f'{m}()' for m in missing)}: mmt_submit submits and "
-                       "prints the scheduler job id as its last line, mmt_cancel cancels MMT_SCHEDULER_JOB_ID.")
+            problem = (_("The job shell must define %(functions)s: mmt_submit submits and prints the scheduler job id "
+                         "as its last line, mmt_cancel cancels MMT_SCHEDULER_JOB_ID.")
+                       % {"functions": " and ".join(f"{m}()" for m in missing)})
         else:
             problem = bash_syntax_error(content)
     if problem:
@@ -148,7 +153,7 @@ def bash_syntax_error(content: str) -> str | None:
     if result.returncode == 0:
         return None
     detail = result.stderr.replace(handle.name, "job shell").strip().splitlines()
-    return "bash cannot parse the job shell: " + ("; ".join(detail[:3]) or "syntax error") + "."
+    return _("bash cannot parse the job shell: %(detail)s.") % {"detail": "; ".join(detail[:3]) or "syntax error"}
 
 
 # Values ------------------------------------------------------------------------------------------
@@ -169,8 +174,17 @@ def is_variable_value(value) -> bool:
     return is_word(value) or is_path(value)
 
 
-PATH_RULE = "an absolute path of letters, digits and . _ / + @ - (no spaces, quotes, $ or .. parts)"
-WORD_RULE = "a word of letters, digits and . _ - that does not start with -"
+PATH_RULE = gettext_noop("an absolute path of letters, digits and . _ / + @ - (no spaces, quotes, $ or .. parts)")
+WORD_RULE = gettext_noop("a word of letters, digits and . _ - that does not start with -")
+
+
+def path_rule() -> str:
+    """PATH_RULE in the reader's language."""
+    return _(PATH_RULE)
+
+
+def word_rule() -> str:
+    return _(WORD_RULE)
 
 
 def parse_variables(raw, *, field_name: str = "variables") -> dict[str, str]:
@@ -187,29 +201,31 @@ def parse_variables(raw, *, field_name: str = "variables") -> dict[str, str]:
                 continue
             name, sep, value = line.strip().partition("=")
             if not sep:
-                raise _invalid(field_name, f"Line {number}: write NAME=VALUE.")
+                raise _invalid(field_name, _("Line %(number)s: write NAME=VALUE.") % {"number": number})
             pairs.append((name.strip(), value.strip(), number))
     elif isinstance(raw, list):
         for number, line in enumerate(raw, start=1):
             name, sep, value = str(line).partition("=")
             if not sep:
-                raise _invalid(field_name, f"Entry {number}: write NAME=VALUE.")
+                raise _invalid(field_name, _("Entry %(number)s: write NAME=VALUE.") % {"number": number})
             pairs.append((name.strip(), value.strip(), number))
     else:
-        raise _invalid(field_name, "Give the variables as NAME=VALUE lines.")
+        raise _invalid(field_name, _("Give the variables as NAME=VALUE lines."))
     out: dict[str, str] = {}
     for name, value, number in pairs:
-        where = f"Line {number}: " if number else ""
+        where = _("Line %(number)s: ") % {"number": number} if number else ""
         if not VARIABLE_NAME.fullmatch(name):
-            raise _invalid(field_name, f"{where}{name!r} is not a variable name: use letters, digits and _, "
-                                       f"starting with a letter (at most 64).")
+            raise _invalid(field_name, where + _("%(name)s is not a variable name: use letters, digits and _, "
+                                                 "starting with a letter (at most 64).") % {"name": repr(name)})
         if name in out:
-            raise _invalid(field_name, f"{where}{name} is given twice.")
+            raise _invalid(field_name, where + _("%(name)s is given twice.") % {"name": name})
         if not isinstance(value, str) or not is_variable_value(value):
-            raise _invalid(field_name, f"{where}The value of {name} must be {WORD_RULE}, or {PATH_RULE}.")
+            raise _invalid(field_name, where + _("The value of %(name)s must be %(word)s, or %(path)s.") % {
+                "name": name, "word": word_rule(), "path": path_rule()})
         out[name] = value
     if len(out) > MAX_VARIABLES:
-        raise _invalid(field_name, f"At most {MAX_VARIABLES} variables; {len(out)} given.")
+        raise _invalid(field_name, _("At most %(max)s variables; %(count)s given.") % {
+            "max": MAX_VARIABLES, "count": len(out)})
     return out
 
 

@@ -15,6 +15,7 @@ from datetime import timedelta
 from django.db import transaction
 from django.db.models import Exists, F, OuterRef, Q
 from django.utils import timezone
+from django.utils.translation import gettext as _
 
 from computers import access as computer_access
 from jobs import outputs
@@ -116,12 +117,13 @@ def manual_claim(actor: Actor, target, project, data: dict) -> list[dict]:
     site = _manual_site(user, target)
     everyone = _flag(data.get("all"), "all")
     if everyone and target.owner_id != user.pk:
-        raise Forbidden("Only the computer's owner submits other people's Jobs (--all); run without --all to "
-                        "submit your own.", "site_owner_required")
+        raise Forbidden(_("Only the computer's owner submits other people's Jobs (--all); run without --all to "
+                          "submit your own."), "site_owner_required")
     limit = _limit(data.get("limit"))
     work_dir = data.get("work_dir")
     if work_dir not in (None, "") and not shells.is_path(work_dir):
-        raise ServiceError(f"work_dir must be {shells.PATH_RULE}.", "invalid", fields={"work_dir": ["Invalid path."]})
+        raise ServiceError(_("work_dir must be %(rule)s.") % {"rule": shells.path_rule()}, "invalid",
+                           fields={"work_dir": [_("Invalid path.")]})
     variables = shells.parse_variables(data.get("variables") or {})
     with transaction.atomic():
         site = SiteSettings.objects.select_for_update(of=("self",)).select_related("target").get(pk=site.pk)
@@ -146,6 +148,51 @@ def manual_summary(user, target, project, *, everyone: bool) -> dict:
             "variables": site.variables, "can_all": can_all}
 
 
+def manual_submitters(user, target, *, project=None, job=None) -> dict:
+    """Whether `user` can submit with mado-tracking submit on the manual site `target` (the pages show the
+    commands only then), and otherwise who can, in words. With `job`: that Job (its requester, or the
+    computer's owner with --all, each with a member or admin role in its project); without: the user's
+    own Jobs of `project`, as on the New job form and the Jobs list."""
+    owner = target.owner.get_username()
+    usable = user.is_authenticated and computer_access.can_use(user, target)
+    if job is not None:
+        project = job.project
+        site = SiteSettings.objects.filter(target=target).first()
+        still = site is not None and waiting(site, JobStatus.WAITING_MANUAL).filter(pk=job.pk).exists()
+        requester = job.created_by.get_username()
+        if not still:
+            return {"can_submit": False, "who_can": _(
+                "Nobody can submit this Job now: %(name)s no longer lets %(requester)s use it (it is Private, or "
+                "%(requester)s has not saved My settings). Its owner %(owner)s can make it Public again; otherwise "
+                "stop this Job.") % {"name": target.name, "requester": requester, "owner": owner}}
+        mine = job.created_by_id == user.pk or target.owner_id == user.pk
+        if usable and mine and _may_write(user, project):
+            return {"can_submit": True, "who_can": ""}
+        if job.created_by_id == target.owner_id:
+            who = _("Only %(owner)s, who requested it and owns %(name)s, can submit this Job, with their own API "
+                    "token.") % {"owner": owner, "name": target.name}
+        else:
+            who = _("Only %(requester)s, who requested it, can submit this Job with their own API token, or "
+                    "%(owner)s, the computer's owner, with --all.") % {"requester": requester, "owner": owner}
+        return {"can_submit": False, "who_can": who}
+    if not usable:
+        return {"can_submit": False, "who_can": _(
+            "%(name)s is Private: only Jobs of its owner %(owner)s (and of the service accounts %(owner)s created) "
+            "are submitted there, by %(owner)s. Ask %(owner)s to make it Public, or choose another computer.")
+            % {"name": target.name, "owner": owner}}
+    if project is not None and not _may_write(user, project):
+        return {"can_submit": False, "who_can": _(
+            "Submitting Jobs of %(project)s takes the Member or Admin role there; the people who requested them "
+            "submit them. Ask a project admin for the role.") % {"project": project.name}}
+    return {"can_submit": True, "who_can": ""}
+
+
+def _may_write(user, project) -> bool:
+    """A member or admin of `project` now (global administrators are admins everywhere): who may hold a
+    jobs:write token of it."""
+    return user.is_superuser or identity.has_role(user, project, Role(SCOPE_MIN_ROLE[Scope.JOBS_WRITE]))
+
+
 def in_callers_projects(jobs, user, project):
     """The Jobs a manual claim may take: those of the token's project (write tokens are issued per
     project), or, for a browser session (`project` None), those of the projects where the caller's
@@ -163,13 +210,13 @@ def in_callers_projects(jobs, user, project):
 
 def _manual_site(user, target) -> SiteSettings:
     if identity.is_job_principal(user):
-        raise Forbidden("Submitting Jobs takes your own API token, not a job token.", "job_token_forbidden")
+        raise Forbidden(_("Submitting Jobs takes your own API token, not a job token."), "job_token_forbidden")
     site = services.site_settings_of(target)
     if not computer_access.can_use(user, target):
-        raise ServiceError("No site with this id that you can use.", "not_found", status=404)
+        raise ServiceError(_("No site with this id that you can use."), "not_found", status=404)
     if site.submission != SubmissionMethod.MANUAL:
-        raise Conflict(f"{target.name} submits automatically through its launcher; mado-tracking submit is for "
-                       "sites that submit manually.", "site_not_manual")
+        raise Conflict(_("%(name)s submits automatically through its launcher; mado-tracking submit is for sites "
+                         "that submit manually.") % {"name": target.name}, "site_not_manual")
     return site
 
 
@@ -217,8 +264,8 @@ def _submit_group(actor, site, jobs, *, launcher, submitted_by, work_dir, variab
         rows.append(Submission.objects.create(
             job=job, target=target, job_shell=shell, launcher=launcher, submitted_by=submitted_by, batch=batch_id,
             array_index=index, account_name=account_name, work_dir=work_dir, lease_id=job.lease_id, claimed_at=now))
-        _, tokens[job.pk] = identity_services.issue_job_token(job_id=job.pk, lease_id=job.lease_id,
-                                                              project=job.project, user=job.created_by)
+        _token, tokens[job.pk] = identity_services.issue_job_token(job_id=job.pk, lease_id=job.lease_id,
+                                                                   project=job.project, user=job.created_by)
         if job.is_cluster:
             # The site is every replica's computer; its scheduler picks the nodes (one per replica).
             JobReplica.objects.bulk_create([JobReplica(job=job, index=i, name=name, target=target, gpu_ids=[])
@@ -255,12 +302,12 @@ def _adopt(launcher: Launcher, site: SiteSettings, limit: int) -> list[Batch]:
         tokens = {}
         for row in batch_rows:
             identity_services.revoke_job_tokens(row.job_id)
-            _, tokens[row.job_id] = identity_services.issue_job_token(
+            _token, tokens[row.job_id] = identity_services.issue_job_token(
                 job_id=row.job_id, lease_id=row.lease_id, project=row.job.project, user=row.job.created_by)
         # A fresh report deadline: the launcher starts this submission again now.
         Submission.objects.filter(pk__in=[r.pk for r in batch_rows]).update(claimed_at=now)
-        script, _ = services.render_submission(site.target, jobs, job_shell=batch_rows[0].job_shell,
-                                               work_dir=batch_rows[0].work_dir or None, adopt=True)
+        script, _shell = services.render_submission(site.target, jobs, job_shell=batch_rows[0].job_shell,
+                                                    work_dir=batch_rows[0].work_dir or None, adopt=True)
         batches.append(Batch(site=site, rows=batch_rows, tokens=tokens, script=script, adopt=True))
     return batches
 
@@ -293,16 +340,22 @@ def submission_body(batch: Batch) -> dict:
     }
 
 
-def submission_summary(job: Job) -> dict | None:
+def submission_summary(job: Job, user=None) -> dict | None:
     """What a Job's details show of its submission to a site (None on other computers): the scheduler's
-    job id people look for in squeue/qstat, and where its runner started."""
-    row = Submission.objects.filter(job_id=job.pk).select_related("job_shell").first()
+    job id people look for in squeue/qstat, where its runner started, who submitted it (`launcher`, or
+    `submitted_by` for mado-tracking submit) and, for `user` when they may read it (failure_detail), the
+    launcher's or scheduler's own message of a failed submission (`error`, line breaks kept)."""
+    row = Submission.objects.filter(job_id=job.pk).select_related("job_shell", "launcher", "submitted_by").first()
     if row is None:
         return None
     summary = {"status": row.status, "scheduler_job_id": row.scheduler_job_id or None,
                "job_shell_version": row.job_shell.version, "array_index": row.array_index,
                "reported_at": row.reported_at, "runner_hostname": row.runner_hostname or None,
-               "runner_started_at": row.runner_started_at}
+               "runner_started_at": row.runner_started_at,
+               "launcher": row.launcher.name if row.launcher_id else None,
+               "submitted_by": row.submitted_by.get_username() if row.submitted_by_id else None}
+    if user is not None:
+        summary["error"] = failure_detail(user, job) or None
     if job.is_cluster:
         # Where each replica's runner started (main1's is runner_hostname as well).
         runners = row.replica_runners or {}
@@ -310,6 +363,68 @@ def submission_summary(job: Job) -> dict | None:
                                        "started_at": (runners.get(name) or {}).get("started_at")}
                                       for name in job.replica_names]
     return summary
+
+
+# What a failed submission says, and to whom ---------------------------------------------------------
+#
+# The launcher reports a failed submission with its own message: a login's failure (which may say
+# whether a port is closed or speaks SSH, or which host key a server shows: only global administrators
+# read those, as for connection checks) or the job shell's stderr on the login node (the scheduler's
+# refusal, which the computer's owner fixes in the job shell or the variables). The Job's error is
+# written for everyone who sees the Job; the message itself stays in Submission.error and the audit.
+
+def failure_for_users(row: Submission, detail: str) -> str:
+    """The Job's error after a failed submission: what happened and what the reader can do."""
+    site = row.target.site_settings
+    version = row.job_shell.version if row.job_shell_id else "?"
+    if site.submission == SubmissionMethod.MANUAL:
+        who = row.submitted_by.get_username() if row.submitted_by_id else "mado-tracking submit"
+        return (f"Not submitted: the job shell (version {version}) failed when {who} ran mado-tracking submit, "
+                f"which printed its message there; the computer's owner and global administrators can read it on "
+                "this page. Check the Job's GPUs and time limit and the variables given with --var, then run the "
+                "Job again.")
+    reason = allowed_hosts.login_reason(detail)
+    if allowed_hosts.reveals_network(detail):
+        account = f" as {row.account_name}" if row.account_name else ""
+        return (f"Not submitted: the launcher could not log in to {site.host}:{site.port}{account}. The computer's "
+                "owner checks its host, port, jump hosts and known_hosts with Check connection; global "
+                "administrators can read the launcher's message.")
+    if allowed_hosts.user_fixable(reason):
+        return f"Not submitted: {reason}"
+    return (f"Not submitted: the site's scheduler or the job shell (version {version}) refused the Job; the "
+            "computer's owner and global administrators can read its message on this page. Check the Job's GPUs "
+            "and time limit, the computer's variables and your My settings with the computer's owner, then run the "
+            "Job again.")
+
+
+def failure_detail(user, job: Job) -> str:
+    """The launcher's or scheduler's own message of a failed submission, for those who may read it ("" for
+    the others): global administrators always; on a manual site the person whose mado-tracking submit
+    reported it; the computer's owner unless it is about the network behind the launcher."""
+    if user is None or not user.is_authenticated:
+        return ""
+    row = (Submission.objects.filter(job_id=job.pk, status__in=[SubmissionStatus.FAILED, SubmissionStatus.NOT_TRIED])
+           .select_related("target__site_settings").first())
+    if row is None or not row.error:
+        return ""
+    if allowed_hosts.sees_launcher_messages(user):
+        return row.error
+    if identity.is_job_principal(user) or identity.is_service_user(user):
+        return ""
+    if row.target.site_settings.submission == SubmissionMethod.MANUAL and row.submitted_by_id == user.pk:
+        return row.error
+    if row.target.owner_id == user.pk and not allowed_hosts.reveals_network(row.error):
+        return row.error
+    return ""
+
+
+def job_error_for(user, job: Job) -> str:
+    """The error a Job's page shows `user`: after a failed submission, the launcher's or scheduler's own
+    message (line breaks kept) to those who may read it (failure_detail), else the Job's error, which
+    says what happened and who can read that message."""
+    if job.end_reason != EndReason.SUBMIT_FAILED:
+        return job.error
+    return failure_detail(user, job) or job.error
 
 
 def runner_job_payload(job: Job, token: str | None, site: SiteSettings) -> dict:
@@ -390,12 +505,15 @@ def _apply_report(actor, row: Submission, job: Job, outcome: str, scheduler_id: 
             # Reported after the Job ended (it timed out waiting for this report): keep it from running.
             _queue_cancellation(row, job)
     else:
+        # The launcher's or the scheduler's own words stay with the submission (and the audit): the
+        # Job's error, which everyone who sees the Job reads, says what went wrong and who can fix it.
         row.error = error
         row.save(update_fields=["status", "reported_at", "error"])
         if job.status == JobStatus.SUBMITTING:
-            _end(actor, job, JobStatus.FAILED, EndReason.SUBMIT_FAILED, error=error)
+            _end(actor, job, JobStatus.FAILED, EndReason.SUBMIT_FAILED, error=failure_for_users(row, error))
     audit(actor, "job.submission.report", job, project=job.project,
-          after={"outcome": outcome, "scheduler_job_id": scheduler_id or None})
+          after={"outcome": outcome, "scheduler_job_id": scheduler_id or None,
+                 **({"error": error} if outcome != "submitted" else {})})
 
 
 # Stop and cancellations ---------------------------------------------------------------------------
@@ -488,7 +606,11 @@ def report_cancellation(launcher: Launcher, data: dict) -> dict:
             if ok and row.runner_started_at is None and job.status in (JobStatus.SUBMITTING, JobStatus.SUBMITTED):
                 _end(SYSTEM, job, JobStatus.CANCELED, EndReason.CANCELED)
             elif not ok and not job.is_terminal:
-                job_services._event(job, "cancel_failed", f"The scheduler did not cancel it: {row.cancel_error}")
+                # The timeline is read by everyone who sees the Job: the launcher's login messages stay out.
+                shown = ("the launcher could not log in (global administrators can read its message on the "
+                         "submission in Django admin)" if allowed_hosts.reveals_network(row.cancel_error)
+                         else row.cancel_error)
+                job_services._event(job, "cancel_failed", f"The scheduler did not cancel it: {shown}")
     first.refresh_from_db()
     return {"job_id": job_id, "cancel_state": first.cancel_state, "status": Job.objects.get(pk=job_id).status}
 

@@ -13,6 +13,7 @@ from mado.choices import Scope
 from mado.services import Actor
 from computers import access
 from computers.choices import Kind
+from sites import serializers as body
 from sites import submissions
 
 
@@ -53,7 +54,7 @@ class SubmitSummaryView(SubmitView):
 
 
 class SubmitClaimView(SubmitView):
-    @extend_schema(operation_id="site_submissions_claim", request=OpenApiTypes.OBJECT,
+    @extend_schema(operation_id="site_submissions_claim", request=body.ManualClaimSerializer,
                    responses=OpenApiTypes.OBJECT)
     def post(self, request, pk):
         items = submissions.manual_claim(Actor.from_request(request), _site(request.user, pk), self.project(),
@@ -64,7 +65,7 @@ class SubmitClaimView(SubmitView):
 
 
 class SubmitReportView(SubmitView):
-    @extend_schema(operation_id="site_submissions_report", request=OpenApiTypes.OBJECT,
+    @extend_schema(operation_id="site_submissions_report", request=body.SubmissionReportSerializer,
                    responses=OpenApiTypes.OBJECT)
     def post(self, request, pk):
         target = _site(request.user, pk)

@@ -34,6 +34,7 @@ from sites import known_hosts as kh
 from sites import checks as site_checks
 from sites import keys as site_keys
 from sites import launchers, services
+from sites import submissions as site_submissions
 from sites.choices import MAX_KNOWN_HOSTS_BYTES, AccountKind, SubmissionMethod
 from sites.forms import (
     AUTOMATIC_FIELDS,
@@ -41,6 +42,7 @@ from sites.forms import (
     MySettingsForm,
     SiteForm,
     add_errors,
+    add_field_errors,
     duration_text,
     site_initial,
     variables_text,
@@ -191,6 +193,8 @@ def add_site(request):
             add_errors(form, error)
         else:
             return _saved(request, target)
+    else:  # what else is wrong, so that one Save reports every field
+        add_field_errors(form, services.site_errors(Actor.from_request(request), form.site_values()))
     return _render_site_form(request, form)
 
 
@@ -213,6 +217,8 @@ def site_edit(request, pk):
             add_errors(form, error)
         else:
             return _saved(request, target)
+    else:  # what else is wrong, so that one Save reports every field
+        add_field_errors(form, services.site_errors(Actor.from_request(request), form.site_values(), target=target))
     return _render_site_form(request, form, target=target)
 
 
@@ -347,9 +353,17 @@ def _manual_context(request, target) -> dict:
     return manual_instructions(request, target)
 
 
-def manual_instructions(request, target, project=None) -> dict:
+def manual_instructions(request, target, project=None, job=None, jobs=None) -> dict:
     """The commands of "Submit manually" with this computer's ID and this server's URL; `project` gives
-    the link that issues a token with read and jobs:write (the Jobs page)."""
+    the link that issues a token with read and jobs:write (the Jobs page). The commands are for people
+    who can submit (`can_submit`: sites.submissions.manual_submitters, for `job`, or for any of `jobs`
+    waiting there when given, else for the caller's own Jobs of `project`); the others read who can
+    (`who_can`)."""
+    if jobs:
+        decisions = [site_submissions.manual_submitters(request.user, target, job=one) for one in jobs]
+        decision = next((d for d in decisions if d["can_submit"]), decisions[0])
+    else:
+        decision = site_submissions.manual_submitters(request.user, target, project=project, job=job)
     token_url = None
     if project is not None:
         token_url = reverse("personal-token-create", args=[project.slug]) + "?" + urlencode(
@@ -361,6 +375,7 @@ def manual_instructions(request, target, project=None) -> dict:
         "token_url": token_url,
         "trust_warning": target.owner_id != request.user.pk,
         "is_owner": target.owner_id == request.user.pk,
+        **decision,
     }
 
 

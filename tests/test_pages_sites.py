@@ -318,6 +318,42 @@ def test_the_owner_sees_the_instructions_without_the_trust_warning(client, world
     assert "Before using someone else's computer" not in page
 
 
+def test_someone_who_cannot_submit_the_job_reads_who_can_instead_of_the_commands(client, world, make_site):
+    """Issue 15 item 6: another person's Job on a Private site: no commands, but who can submit it."""
+    private = make_site(world.project_admin, name="alices-pc", submission="manual", template="docker_host",
+                        launcher=None, host="", known_hosts="", ssh_user="")
+    job = Job.objects.create(project=world.project, created_by=world.project_admin, target=private,
+                             command=["python", "train.py"], status="waiting_manual")
+    client = signed_in(client, world.member)
+    page = html(client.get(reverse("job-detail", args=["lab", job.pk])))
+    assert "Waiting for manual submission" in page
+    assert "mado-tracking submit --site" not in page and "Issue a token for mado-tracking submit" not in page
+    assert "Only alice, who requested it and owns alices-pc, can submit this Job" in page
+    listing = html(client.get(reverse("jobs", args=["lab"])))
+    assert "mado-tracking submit --site" not in listing
+    assert "alices-pc is Private: only Jobs of its owner alice" in listing
+    # alice herself gets the commands.
+    owner = html(signed_in(client, world.project_admin).get(reverse("job-detail", args=["lab", job.pk])))
+    assert f"mado-tracking submit --site {private.pk} --dry-run" in owner
+
+
+def test_on_a_public_site_only_the_requester_and_the_owner_get_the_commands_for_a_job(client, world, manual_site):
+    job = Job.objects.create(project=world.project, created_by=world.member, target=manual_site,
+                             command=["python", "train.py"], status="waiting_manual")
+    other = html(signed_in(client, world.viewer).get(reverse("job-detail", args=["lab", job.pk])))
+    assert "mado-tracking submit --site" not in other
+    assert "Only bob, who requested it, can submit this Job with their own API token, or alice" in other
+    for person in (world.member, world.project_admin):  # the requester; the owner (with --all)
+        page = html(signed_in(client, person).get(reverse("job-detail", args=["lab", job.pk])))
+        assert f"mado-tracking submit --site {manual_site.pk} --watch --all" in page, person
+    # Made Private, nobody can submit bob's Job: the page says so and what the owner can do.
+    manual_site.visibility = "private"
+    manual_site.save(update_fields=["visibility"])
+    page = html(signed_in(client, world.member).get(reverse("job-detail", args=["lab", job.pk])))
+    assert "mado-tracking submit --site" not in page
+    assert "Nobody can submit this Job now: alices-pc no longer lets bob use it" in page
+
+
 def test_a_submitted_job_shows_no_instructions(client, world, manual_site):
     job = Job.objects.create(project=world.project, created_by=world.member, target=manual_site,
                              command=["python", "train.py"], status="waiting_resources")

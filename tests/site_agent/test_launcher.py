@@ -15,7 +15,7 @@ import time
 from jobs import services as job_services
 from jobs.models import Job
 from mado.services import Actor
-from sites import checks
+from sites import checks, submissions
 from computers.models import ConnectionCheck
 from sites.models import LauncherKey, Submission
 from tests.peers.sshd import free_port
@@ -99,9 +99,12 @@ def test_a_failed_login_fails_the_first_submission_and_reports_the_rest_as_not_t
     assert Submission.objects.get(job=failed).status == "failed"
     assert Submission.objects.get(job=not_tried).status == "not_tried"
     assert failed.status == not_tried.status == "failed"
-    assert "refused the launcher's key" in failed.error
-    assert not_tried.error.startswith("Not tried: logging in to 127.0.0.1 failed first: ")
-    assert "refused the launcher's key" in not_tried.error
+    # A refused key is what the owner fixes: the Jobs' errors say so (issue 14: nothing about the network).
+    assert failed.error.startswith("Not submitted: the login node mmt@127.0.0.1:")
+    assert "refused the launcher's key: add the public key" in failed.error
+    assert not_tried.error == failed.error
+    assert Submission.objects.get(job=not_tried).error.startswith("Not tried: logging in to 127.0.0.1 failed first: ")
+    assert "refused the launcher's key" in Submission.objects.get(job=not_tried).error
 
 
 def test_a_failing_job_shell_reports_its_stderr_tail_with_the_job_token_masked(server, registered, world, sshd,
@@ -112,8 +115,13 @@ def test_a_failing_job_shell_reports_its_stderr_tail_with_the_job_token_masked(s
 
     job.refresh_from_db()
     assert (job.status, job.end_reason) == ("failed", "submit_failed")
-    assert job.error.endswith("sbatch: error: Batch job submission failed: Invalid account")
-    assert '"token": "****"' in job.error and "mmtj_" not in job.error
+    # The scheduler's message, token masked, is the submission's (its owner and global administrators
+    # read it on the Job's page); the Job's error says who can (issue 14).
+    row = Submission.objects.get(job=job)
+    assert row.error.endswith("sbatch: error: Batch job submission failed: Invalid account")
+    assert '"token": "****"' in row.error and "mmtj_" not in row.error
+    assert "Invalid account" not in job.error and "refused the Job" in job.error
+    assert submissions.failure_detail(target.owner, job) == row.error
 
 
 def test_a_connection_check_logs_in_fresh_and_reports_ok_or_the_reason(server, registered, world, sshd, remote_dir,

@@ -15,6 +15,7 @@ import pytest
 from click.testing import CliRunner
 
 from jobs.models import Job
+from sites import submissions
 from tests.conftest import bearer
 from tests.peers.sshd import free_port
 from tests.site_agent.site_world import FAILING, make_site, queue, registered, server  # noqa: F401
@@ -69,6 +70,11 @@ def test_a_failing_job_shell_exits_1_and_the_job_fails_with_the_masked_stderr(ma
     job.refresh_from_db()
     assert (job.status, job.end_reason) == ("failed", "submit_failed")
     assert "mmtj_" not in job.error + result.output
+    # The Job's error names who ran it; the message itself is theirs (and the owner's) to read (issue 14).
+    assert f"failed when {world.project_admin.username} ran mado-tracking submit" in job.error
+    assert "Invalid account" not in job.error
+    assert "Invalid account" in submissions.failure_detail(world.project_admin, job)
+    assert submissions.failure_detail(world.member, job) == ""
 
 
 def test_dry_run_shows_the_waiting_count_and_the_settings_and_claims_nothing(manual_site, world, server,

@@ -192,27 +192,60 @@ def test_a_submitted_report_is_idempotent_and_a_different_one_conflicts(world, s
     assert AuditEvent.objects.filter(action="job.submission.report").count() == 2
 
 
-def test_a_failed_report_fails_the_jobs_with_the_masked_stderr_tail(world, site, lclient):
+def test_a_failed_report_fails_the_jobs_saying_who_can_read_the_masked_stderr_tail(world, site, lclient):
+    """Issue 14: the Job's error says what to do; the scheduler's own message (token masked) stays with
+    the submission and the audit, for the computer's owner and global administrators."""
     job = queue(site, world.member, world.project)[0]
     item = claim(lclient, site)[0]
     token = item["jobs"][0]["token"]
     stderr = "sbatch: error: invalid partition\n" + f"token was {token}\n"
     assert report(lclient, item["job_ids"], outcome="failed", error=stderr).json()["jobs"][0]["status"] == "failed"
     job.refresh_from_db()
-    assert job.end_reason == "submit_failed" and "invalid partition" in job.error
-    assert token not in job.error and "****" in job.error
-    assert Submission.objects.get(job=job).status == "failed"
+    assert job.end_reason == "submit_failed" and "invalid partition" not in job.error
+    assert job.error.startswith("Not submitted: the site's scheduler or the job shell (version 1) refused the Job")
+    assert "owner and global administrators can read its message" in job.error
+    row = Submission.objects.get(job=job)
+    assert row.status == "failed" and "invalid partition" in row.error
+    assert token not in row.error and "****" in row.error
+    audit = AuditEvent.objects.get(action="job.submission.report", object_id=str(job.pk))
+    assert audit.after["outcome"] == "failed" and "invalid partition" in audit.after["error"]
+    assert token not in audit.after["error"]
     assert report(lclient, item["job_ids"], outcome="failed", error=stderr).status_code == 200, "resent"
 
+    # Who reads the scheduler's message, here and in GET /api/jobs/{id}'s submission.
+    assert "invalid partition" in submissions.failure_detail(world.global_admin, job)
+    assert "invalid partition" in submissions.failure_detail(site.owner, job)
+    assert submissions.failure_detail(world.member, job) == ""  # the requester reads the Job's error
+    assert submissions.submission_summary(job, world.member)["error"] is None
+    assert "invalid partition" in submissions.submission_summary(job, site.owner)["error"]
+    assert "\n" in submissions.submission_summary(job, world.global_admin)["error"], "its line breaks kept"
 
-def test_not_tried_reports_keep_the_login_failure(world, site, lclient):
+
+def test_not_tried_reports_say_which_login_failed_and_keep_the_reason_for_administrators(world, site, lclient):
     job = queue(site, world.member, world.project)[0]
     item = claim(lclient, site)[0]
-    message = f"Not tried: logging in to {site.site_settings.host} failed first: connection timed out"
+    host = site.site_settings.host
+    message = f"Not tried: logging in to {host} failed first: The connection to {host}:22 was refused: check the host."
     assert report(lclient, item["job_ids"], outcome="not_tried", error=message).status_code == 200
     job.refresh_from_db()
-    assert job.status == "failed" and job.end_reason == "submit_failed" and job.error == message
+    assert job.status == "failed" and job.end_reason == "submit_failed"
+    assert job.error.startswith(f"Not submitted: the launcher could not log in to {host}:22 as mmtshared.")
+    assert "refused" not in job.error
     assert Submission.objects.get(job=job).status == "not_tried"
+    assert submissions.failure_detail(world.global_admin, job) == message
+    # The network behind the launcher is not the owner's to probe (as for connection checks).
+    assert submissions.failure_detail(site.owner, job) == ""
+    assert not job.events.filter(message__contains="was refused").exists()
+
+
+def test_a_refused_key_is_what_the_user_can_fix_and_stays_in_the_jobs_error(world, site, lclient):
+    job = queue(site, world.member, world.project)[0]
+    item = claim(lclient, site)[0]
+    reason = (f"the login node {site.site_settings.host} refused the launcher's key: add the public key shown in "
+              "the computer's details to ~mmtshared/.ssh/authorized_keys there.")
+    assert report(lclient, item["job_ids"], outcome="failed", error=reason).status_code == 200
+    job.refresh_from_db()
+    assert job.error == f"Not submitted: {reason}"
 
 
 def test_reports_of_jobs_not_claimed_by_this_launcher_or_malformed_are_refused(world, site, lclient):
