@@ -145,12 +145,12 @@ SPECTACULAR_SETTINGS = {
     # Vendored Swagger UI: the docs page must work without reaching a CDN.
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
-}
     # The worker's and the site runner's heartbeat and completion bodies share these value sets.
     "ENUM_NAME_OVERRIDES": {
         "HeartbeatStatusEnum": ["running"],
         "EndStatusEnum": ["finished", "failed", "canceled"],
     },
+}
 
 # Guessing passwords and tokens (docs/configuration.md, "Sign-in and token limits"). django-axes counts
 # failed sign-ins per username *and* address in its AccessAttempt table (listed in Django admin, where a
