@@ -1,7 +1,7 @@
 from django.contrib import admin
 
 from datasets.models import Dataset, DatasetVersion
-from mado.admin import user_label
+from mado.admin import ReadOnlyAdmin, user_label
 
 
 @admin.register(Dataset)
@@ -17,7 +17,7 @@ class DatasetAdmin(admin.ModelAdmin):
 
 
 @admin.register(DatasetVersion)
-class DatasetVersionAdmin(admin.ModelAdmin):
+class DatasetVersionAdmin(ReadOnlyAdmin):
     """A version is immutable once written (its files, sizes and hashes are what jobs read): the console
     only inspects versions; they are made by uploads and jobs through the datasets services."""
 
@@ -25,12 +25,3 @@ class DatasetVersionAdmin(admin.ModelAdmin):
     list_filter = ("status",)
     list_select_related = ("dataset", "job")
     raw_id_fields = ("dataset", "job", "created_by")
-
-    def has_add_permission(self, request):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False
