@@ -71,6 +71,7 @@ schema: venv
 bench: venv
 	$(PY) bench/claim_throughput.py
 	$(PY) bench/relay_throughput.py
+	$(PY) bench/tracking_throughput.py
 
 clean:
 	rm -rf $(VENV) var

@@ -56,7 +56,7 @@ LOCKED_LABELS = {
     "gpu_ids": gettext_lazy("GPU IDs"), "dataset_transfer": gettext_lazy("Dataset transfer"),
     "dataset_cache_limit_gib": gettext_lazy("Dataset cache limit (GiB)"),
 }
-SECRET_PATTERNS = [re.compile(r"mmtj?_[A-Za-z0-9_-]{16,}"), re.compile(r"PRIVATE KEY"),
+SECRET_PATTERNS = [re.compile(r"(?:mmtj?|mado_mtj)_[A-Za-z0-9_-]{16,}"), re.compile(r"PRIVATE KEY"),
                    re.compile(r"ssh-(ed25519|rsa|dss) AAAA")]
 
 

@@ -7,6 +7,8 @@ import re
 import shlex
 
 from django import forms
+from django.apps import apps
+from django.core.exceptions import FieldDoesNotExist
 from django.utils.translation import gettext_lazy as _
 
 from computers import access as computer_access
@@ -96,6 +98,11 @@ class JobForm(forms.Form):
     notify_me = forms.BooleanField(label=_("Notify me when it ends"), required=False,
                                    help_text=_("An e-mail to the address of your account when this Job finishes "
                                                "or fails."))
+    # Read by tracking through jobs.hooks (`run_kind`): the kind of the Job's Run. Its choices come from the
+    # installed tracking app's Run model (jobs may not import tracking); without it the field is removed.
+    run_kind = forms.ChoiceField(label=_("Run kind"), required=False,
+                                 help_text=_("What this Job's Run does. The Runs page filters by it; only training "
+                                             "and fine-tuning Runs register the models that result.json declares."))
 
     def __init__(self, data=None, *, user, project=None, initial=None):
         super().__init__(data, initial=initial)
@@ -117,6 +124,12 @@ class JobForm(forms.Form):
         self.fields["compute_group"].choices = [("", "—")] + [(str(g.pk), g.name) for g in ComputeGroup.objects.all()]
         if not hooks.offers("notify_me"):
             del self.fields["notify_me"]
+        kinds = run_kind_choices()
+        if kinds:
+            self.fields["run_kind"].choices = kinds
+            self.fields["run_kind"].initial = "other" if "other" in dict(kinds) else kinds[0][0]
+        else:
+            del self.fields["run_kind"]
 
     @property
     def has_groups(self) -> bool:
@@ -190,6 +203,8 @@ class JobForm(forms.Form):
                   "walltime_seconds": data["walltime"], "input_datasets": list(data.get("input_datasets") or [])}
         if "notify_me" in self.fields:
             values["notify_me"] = bool(data.get("notify_me"))
+        if "run_kind" in self.fields and data.get("run_kind"):
+            values["run_kind"] = data["run_kind"]
         if data.get("gpu_count") is not None and self.offers_gpu_count:
             values["gpu_count"] = data["gpu_count"]
         size = data.get("cluster_size") or 1
@@ -202,6 +217,20 @@ class JobForm(forms.Form):
             if mode == ClusterMode.MULTI_NODE:
                 values.update(computer=None, compute_group=data.get("compute_group") or None)
         return values
+
+
+def run_kind_choices() -> list[tuple[str, str]]:
+    """The kinds a Job's Run may have, as the installed tracking app defines them (its Run model's `kind`
+    field), or [] when no app reads the `run_kind` option."""
+    if not hooks.offers("run_kind"):
+        return []
+    for config in apps.get_app_configs():
+        try:
+            field = config.get_model("Run")._meta.get_field("kind")
+        except (LookupError, FieldDoesNotExist):
+            continue
+        return [(str(value), label) for value, label in field.choices]
+    return []
 
 
 def parse_walltime(text: str) -> int | None:

@@ -35,3 +35,75 @@ def offers(option: str) -> bool:
 def run_after_create(actor, job, data: dict) -> None:
     for hook in list(_after_create.values()):
         hook.callback(actor, job, {name: data[name] for name in hook.options if name in data})
+
+
+# The end of a Job ----------------------------------------------------------------------------------
+# jobs.services._finish calls every callback as callback(job) inside the transaction that ends the job,
+# after the job row is saved (job.status, job.finished_at set). tracking closes the Job's Run here.
+
+_after_end: dict[str, Callable[..., object]] = {}
+
+
+def register_after_end(name: str, callback: Callable[..., object]) -> None:
+    """Add a callback run when a Job ends. The same name again replaces it."""
+    _after_end[name] = callback
+
+
+def run_after_end(job) -> None:
+    for callback in list(_after_end.values()):
+        callback(job)
+
+
+# The start of a Job --------------------------------------------------------------------------------
+# Where a Job becomes running (a worker's first running heartbeat, a site runner's start), jobs calls
+# every callback(job) inside that transaction, after the job row is saved. tracking starts the Run here.
+
+_after_start: dict[str, Callable[..., object]] = {}
+
+
+def register_after_start(name: str, callback: Callable[..., object]) -> None:
+    """Add a callback run when a Job starts running. The same name again replaces it."""
+    _after_start[name] = callback
+
+
+def run_after_start(job) -> None:
+    for callback in list(_after_start.values()):
+        callback(job)
+
+
+# The claim payload ---------------------------------------------------------------------------------
+# What the apps above jobs add to the job a worker or site runner receives (jobs.serializers.
+# worker_job_payload): callback(job) -> dict of extra fields (tracking: run_id, experiment_id).
+
+_claim_payload: dict[str, Callable[..., dict]] = {}
+
+
+def register_claim_payload(name: str, callback: Callable[..., dict]) -> None:
+    _claim_payload[name] = callback
+
+
+def claim_payload(job) -> dict:
+    extra: dict = {}
+    for callback in list(_claim_payload.values()):
+        extra.update(callback(job) or {})
+    return extra
+
+
+# Metrics recorded ----------------------------------------------------------------------------------
+# Where jobs stores metric points (result.json `metrics`, and points a worker posts), it calls every
+# callback(job, points) inside that transaction, after its own rows are written; `points` are the
+# jobs.models.Metric rows (name, value, step, timestamp). tracking makes them its Run's metrics.
+
+_metrics_recorded: dict[str, Callable[..., object]] = {}
+
+
+def register_metrics_recorded(name: str, callback: Callable[..., object]) -> None:
+    """Add a callback run when a Job's metric points are stored. The same name again replaces it."""
+    _metrics_recorded[name] = callback
+
+
+def run_metrics_recorded(job, points) -> None:
+    if not points:
+        return
+    for callback in list(_metrics_recorded.values()):
+        callback(job, points)

@@ -15,7 +15,7 @@ from django.utils.dateparse import parse_datetime
 from django.utils.translation import gettext as _
 
 from datasets import services as dataset_services
-from jobs import storage
+from jobs import hooks, storage
 from jobs.choices import HELD_STATUSES
 from jobs.models import Artifact, Job, Metric, SourceArchive
 from mado import access as identity
@@ -25,6 +25,20 @@ from mado.services import Actor, audit
 from worker_agent import results
 
 GZIP_MAGIC = b"\x1f\x8b"
+
+
+# result.json `models` ---------------------------------------------------------------------------
+# jobs may not import the registry (DESIGN §2): the registry app registers its handler here in its
+# AppConfig.ready(). check(job, models) runs when the declaration arrives (raise ServiceError to refuse
+# it, as the other result.json errors); register(job) runs in the completion transaction of a finished
+# job, after every declared artifact arrived. Without a handler, declared models are kept in job.result only.
+
+_models_handlers: dict[str, tuple] = {}
+
+
+def register_models_handler(name: str, *, check, register) -> None:
+    """Add a handler of declared models. The same name again replaces it (ready() may run twice in tests)."""
+    _models_handlers[name] = (check, register)
 RANGE = re.compile(r"^bytes (\d+)-(\d+)/(\d+)$")
 
 
@@ -142,6 +156,9 @@ def record_outputs(job: Job, *, result_text, files, manifest_text, token_scopes:
         raise ServiceError("Declaring models or datasets needs a worker token with registry:write; issue one.",
                            "registry_write_required")
     dataset_services.check_declarations(job.project, validated.datasets)
+    if validated.models:
+        for check, _register in list(_models_handlers.values()):
+            check(job, validated.models)
     # Dataset file lists can hold 100 000 entries: the job keeps the counts and digests, not the lists.
     datasets = [{k: v for k, v in d.items() if k != "files"} for d in validated.datasets]
     summary = {"version": validated.version, "models": validated.models, "datasets": datasets,
@@ -153,9 +170,11 @@ def record_outputs(job: Job, *, result_text, files, manifest_text, token_scopes:
         raise Conflict("This job's outputs were already declared differently.", "outputs_already_recorded")
     Artifact.objects.bulk_create([Artifact(job=job, path=a["path"], size=a["size"], sha256=a["sha256"],
                                            mime_type=a.get("mime_type") or "") for a in validated.artifacts])
-    Metric.objects.bulk_create([Metric(job=job, name=m["name"], value=m["value"], step=m["step"],
-                                       timestamp=(parse_datetime(m["timestamp"]) if m.get("timestamp") else None)
-                                       or timezone.now()) for m in validated.metrics])
+    points = Metric.objects.bulk_create([Metric(job=job, name=m["name"], value=m["value"], step=m["step"],
+                                                timestamp=(parse_datetime(m["timestamp"]) if m.get("timestamp")
+                                                           else None) or timezone.now())
+                                         for m in validated.metrics])
+    hooks.run_metrics_recorded(job, points)  # tracking: they are also the Job's Run's metrics
     job.result = summary
     job.save(update_fields=["result"])
     return [a["path"] for a in validated.artifacts]
@@ -217,8 +236,12 @@ def _finish_artifact(job: Job, artifact: Artifact, part: Path, received: int) ->
 
 def register_datasets(job: Job) -> None:
     """The finished job's `datasets` declarations become dataset versions made of its uploaded output
-    files. Call inside the completion transaction, after every declared artifact arrived."""
+    files, and its `models` declarations model versions (through the handlers registered above). Call
+    inside the completion transaction, after every declared artifact arrived."""
     dataset_services.register_job_outputs(job)
+    if (job.result or {}).get("models"):
+        for _check, register in list(_models_handlers.values()):
+            register(job)
 
 
 def missing_artifacts(job: Job) -> list[str]:

@@ -7,7 +7,7 @@ from rest_framework import serializers
 
 from computers.choices import Runtime
 from datasets import services as dataset_services
-from jobs import access, cluster, waiting
+from jobs import access, cluster, hooks, waiting
 from jobs.choices import MAX_CLUSTER_SIZE, ClusterMode, Stream
 from jobs.models import Job
 from jobs.services import MAX_METRICS_PER_CALL, MAX_SITE_GPUS, MAX_WALLTIME
@@ -83,6 +83,7 @@ def worker_job_payload(job: Job, token: str | None) -> dict:
         "api_url": settings.PUBLIC_URL,
         "computer": worker_computer(target),
         **worker_cluster(job),
+        **hooks.claim_payload(job),  # tracking: run_id, experiment_id (jobs.hooks)
     }
 
 
@@ -187,6 +188,10 @@ class JobCreateSerializer(serializers.Serializer):
                                            help_text="Complete dataset version ids the job reads.")
     notify_me = serializers.BooleanField(required=False,
                                          help_text="E-mail the creator when the job finishes or fails.")
+    # Read by tracking through jobs.hooks, which checks it (400 naming run_kind); jobs may not import its choices.
+    run_kind = serializers.CharField(required=False,
+                                     help_text="The kind of the job's Run: training, fine-tuning, inference, "
+                                               "evaluation, preprocessing or other (the default).")
 
 
 class LogChunkSerializer(serializers.Serializer):

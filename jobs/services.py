@@ -548,6 +548,8 @@ def heartbeat(worker: Worker, job_id: int, *, lease_id, status: str | None = Non
         elif status not in (None, JobStatus.RUNNING):
             raise ServiceError(_("status in a heartbeat is only 'running'."), "invalid", fields={"status": ["running"]})
         job.save(update_fields=fields)
+        if "status" in fields:
+            hooks.run_after_start(job)
     return job
 
 
@@ -599,6 +601,7 @@ def add_metrics(job: Job, metrics) -> int:
                                fields={"metrics": [_("Invalid point.")]})
         rows.append(Metric(job=job, name=name, value=value, step=step, timestamp=when))
     Metric.objects.bulk_create(rows)
+    hooks.run_metrics_recorded(job, rows)  # tracking: they are also the Job's Run's metrics
     return len(rows)
 
 
@@ -684,6 +687,7 @@ def _finish(job: Job, status: str, reason: str, *, exit_code=None, error: str = 
     job.save(update_fields=["status", "end_reason", "exit_code", "error", "finished_at", "end_replica"])
     GpuReservation.objects.filter(job=job).delete()
     identity_services.revoke_job_tokens(job.pk)
+    hooks.run_after_end(job)  # e.g. tracking ends the Job's Run (jobs.hooks)
     label = {JobStatus.FINISHED: "Finished", JobStatus.FAILED: "Failed", JobStatus.CANCELED: "Canceled"}[status]
     detail = f" (exit code {job.exit_code})" if job.exit_code is not None else ""
     _event(job, status, f"{label}{detail}" + (f": {job.error}" if job.error else ""))

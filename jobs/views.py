@@ -25,7 +25,7 @@ from django.utils.translation import gettext as _
 from django.views.decorators.http import require_GET, require_http_methods
 from django_htmx.http import HttpResponseStopPolling
 
-from jobs import access, services, timeline, waiting
+from jobs import access, page_blocks, services, timeline, waiting
 from jobs.charts import job_charts
 from computers.choices import Kind
 from datasets import services as dataset_services
@@ -131,7 +131,7 @@ def _manual_target(request, target, project) -> dict | None:
 def _initial_from(query) -> dict:
     initial = {name: query.get(name) for name in ("name", "computer", "runtime", "image", "command", "requirements",
                                                    "parameters", "walltime", "cluster_mode", "cluster_size",
-                                                   "gpus_per_replica", "compute_group", "gpu_count", "notify_me")
+                                                   "gpus_per_replica", "compute_group", "gpu_count", "notify_me", "run_kind")
                if query.get(name) is not None}
     if "gpu_ids" in query:
         initial["gpu_ids"] = query.getlist("gpu_ids")
@@ -156,6 +156,7 @@ def job_detail(request, project, pk):
         "after": chunks[-1].pk if chunks else 0,
         "polling": not job.is_terminal,
         "replica": replica,
+        "job_blocks": page_blocks.render_blocks(request, job),
     }
     return render(request, "jobs/job_detail.html", context)
 
@@ -197,6 +198,8 @@ def job_poll(request, project, pk):
         "panels_changed": panels["version"] != request.GET.get("v"),
     }
     content = render_to_string("jobs/partials/_poll.html", context, request=request)
+    if context["panels_changed"]:  # the apps' blocks (jobs.page_blocks), swapped out of band like the panels
+        content += "".join(page_blocks.render_blocks(request, job, oob=True))
     return HttpResponseStopPolling(content) if done else HttpResponse(content)
 
 
@@ -246,7 +249,7 @@ def _panels(request, job: Job) -> dict:
         job.status, job.end_reason, job.exit_code, job.worker_id, job.target_id, job.stop_requested_at,
         job.is_unresponsive,
         job.started_at, job.finished_at, [e.pk for e in events][-1:], metric_stamp["n"], metric_stamp["last"],
-        [(a.pk, a.complete) for a in artifacts],
+        [(a.pk, a.complete) for a in artifacts], page_blocks.versions(job),
     ]))
     return {
         "project": job.project,

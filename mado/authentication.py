@@ -101,11 +101,11 @@ def _authenticate_bearer(value: bytes):
         raw = value.decode("ascii")
     except UnicodeDecodeError:
         raise UnknownToken("The token contains characters no token has; copy it again.") from None
-    if raw.startswith(tokens.JOB_TOKEN_PREFIX):
+    if tokens.is_job_token(raw):
         return _authenticate_job_token(raw)
     if raw.startswith(tokens.API_TOKEN_PREFIX):
         return _authenticate_api_token(raw)
-    raise UnknownToken("This is not a Mado API token (they start with mmt_); copy it again.")
+    raise UnknownToken("This is not a Mado API token (they start with mmt_, job tokens with mado_mtj_); copy it again.")
 
 
 def _authenticate_api_token(raw: str):

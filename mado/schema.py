@@ -10,7 +10,7 @@ class BearerTokenScheme(OpenApiAuthenticationExtension):
         return {
             "type": "http",
             "scheme": "bearer",
-            "description": "An API token (mmt_…) of a project, or a job token (mmtj_…) inside a running job.",
+            "description": "An API token (mmt_…) of a project, or a job token (mado_mtj_…) inside a running job.",
         }
 
 

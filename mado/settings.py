@@ -41,6 +41,8 @@ INSTALLED_APPS = [
     "computers",
     "workers",
     "jobs",
+    "tracking",
+    "registry",
     "sites",
     "datasets",
     "notifications",

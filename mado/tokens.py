@@ -5,7 +5,10 @@ import hashlib
 import secrets
 
 API_TOKEN_PREFIX = "mmt_"
-JOB_TOKEN_PREFIX = "mmtj_"
+JOB_TOKEN_PREFIX = "mado_mtj_"  # seed 001
+# Job tokens issued before the prefix changed: still accepted until their job ends (then revoked as any).
+LEGACY_JOB_TOKEN_PREFIXES = ("mmtj_",)
+JOB_TOKEN_PREFIXES = (JOB_TOKEN_PREFIX, *LEGACY_JOB_TOKEN_PREFIXES)
 DISPLAY_PREFIX_LENGTH = 12
 
 
@@ -15,6 +18,10 @@ def new_token(prefix: str) -> str:
 
 def hash_token(plaintext: str) -> str:
     return hashlib.sha256(plaintext.encode()).hexdigest()
+
+
+def is_job_token(plaintext: str) -> bool:
+    return plaintext.startswith(JOB_TOKEN_PREFIXES)
 
 
 def display_prefix(plaintext: str) -> str:

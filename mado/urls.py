@@ -9,6 +9,8 @@ urlpatterns = [
     # Ahead of mado.api.urls, whose catch-all answers every other /api/ path.
     path("api/", include("datasets.api_urls")),
     path("api/", include("mado.api.urls")),
+    path("mlflow/", include("registry.urls")),  # the model registry, ahead of tracking's catch-all
+    path("mlflow/", include("tracking.urls")),  # MLflow's REST API 2.0 (MLFLOW_TRACKING_URI=<server>/mlflow)
     path("admin/", admin.site.urls),
     path("i18n/", include("django.conf.urls.i18n")),
     path("login/", auth_views.LoginView.as_view(redirect_authenticated_user=True), name="login"),
@@ -39,8 +41,10 @@ urlpatterns = [
     path("", include("computers.urls")),
     path("", include("workers.urls")),
     path("", include("jobs.urls")),
+    path("", include("tracking.page_urls")),  # Runs pages (projects/<p>/runs/…)
     path("", include("sites.urls")),
     path("", include("datasets.urls")),
+    path("", include("registry.page_urls")),
     path("", include("notifications.urls")),
 ]
 

@@ -379,7 +379,7 @@ def stderr_tail(stderr: str, secrets: list[str] = (), limit: int = 1000) -> str:
     text = stderr or ""
     for secret in sorted((s for s in secrets if s), key=len, reverse=True):
         text = text.replace(secret, "****")
-    text = re.sub(r"mmtj?_[A-Za-z0-9_-]{16,}", "****", text)
+    text = re.sub(r"(?:mmtj?|mado_mtj)_[A-Za-z0-9_-]{16,}", "****", text)
     text = "".join(ch for ch in text if ch in "\n\t" or ch.isprintable())
     return text[-limit:]
 

@@ -18,7 +18,7 @@ from django.utils import timezone
 from django.utils.translation import gettext as _
 
 from computers import access as computer_access
-from jobs import outputs
+from jobs import hooks, outputs
 from jobs import services as job_services
 from jobs.choices import MAIN_REPLICA, SITE_ACTIVE_STATUSES, EndReason, JobStatus
 from jobs.models import Job, JobReplica
@@ -757,6 +757,8 @@ def runner_heartbeat(job_id: int, data: dict) -> Job:
             job_services._event(job, "started", f"Started: all {job.cluster_size} replicas run" if job.is_cluster
                                 else "Started")
         job.save(update_fields=fields)
+        if "status" in fields:
+            hooks.run_after_start(job)
     return job
 
 

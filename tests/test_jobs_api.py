@@ -80,7 +80,7 @@ class TestClaim:
     def test_a_worker_claims_a_job_with_a_lease_a_job_token_and_reserved_gpus(self, world, gpu_box, job_worker):
         job = create(world, gpu_box, gpu_ids=["1"])
         item = job_worker.claim()
-        assert item["id"] == job["id"] and item["lease_id"] and item["job_token"].startswith("mmtj_")
+        assert item["id"] == job["id"] and item["lease_id"] and item["job_token"].startswith("mado_mtj_")
         assert item["computer"]["working_dir"] == "/data/mmt" and item["api_url"]
         assert list(GpuReservation.objects.values_list("gpu_id", flat=True)) == ["1"]
         assert Job.objects.get(pk=job["id"]).status == "claimed"
@@ -131,7 +131,7 @@ class TestClaim:
         known = job_worker.post("/api/worker/resume", {"active_job_ids": [item["id"]]}).json()["items"]
         assert known[0]["lease_id"] == item["lease_id"] and known[0]["job_token"] is None
         unknown = job_worker.post("/api/worker/resume", {"active_job_ids": []}).json()["items"]
-        assert unknown[0]["job_token"].startswith("mmtj_")
+        assert unknown[0]["job_token"].startswith("mado_mtj_")
 
     def test_workers_only_get_jobs_of_computers_in_their_target_ids(self, world, gpu_box):
         other_box = gpu_computer(world.global_admin, "other-box")

@@ -100,3 +100,14 @@ def test_errors_say_what_to_do_and_exit_non_zero(cli, args, env, text):
     assert result.exit_code != 0
     assert text in result.output
     assert cli.token not in result.output
+
+
+def test_jobs_create_sets_the_kind_of_the_jobs_run(cli, box):
+    from tracking.models import Run
+
+    result = cli("jobs", "create", "--computer", str(box.pk), "--run-kind", "fine-tuning", "--", "python", "ft.py")
+    assert result.exit_code == 0, result.output
+    assert Run.objects.get(job=Job.objects.get()).kind == "fine-tuning"
+    refused = cli("jobs", "create", "--computer", str(box.pk), "--run-kind", "baking", "--", "python", "x.py")
+    assert refused.exit_code != 0 and "--run-kind" in refused.output and "fine-tuning" in refused.output
+    assert Job.objects.count() == 1

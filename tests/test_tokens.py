@@ -1,6 +1,8 @@
 """API tokens and job tokens: hashing at rest, expiry, revocation, disabled accounts, scopes."""
 from __future__ import annotations
 
+import hashlib
+import secrets
 import uuid
 from datetime import timedelta
 
@@ -76,6 +78,7 @@ def test_a_revoked_token_gets_401_saying_it_was_revoked(world):
 def test_an_unknown_or_malformed_token_gets_401(world):
     assert "not known" in assert_error(bearer("mmt_" + "x" * 43).get("/api/projects"), 401)["error"]
     assert "mmt_" in assert_error(bearer("ghp_abcdef").get("/api/projects"), 401)["error"]
+    assert_error(bearer("mado_mtj_" + "y" * 43).get("/api/projects"), 401)
     assert_error(bearer("mmtj_" + "y" * 43).get("/api/projects"), 401)
 
 
@@ -157,7 +160,7 @@ class TestJobTokens:
     def test_a_job_token_authenticates_as_the_job_creator_and_reads_its_project(self, world):
         _, plaintext = services.issue_job_token(job_id=11, lease_id=uuid.uuid4(), project=world.project,
                                                 user=world.member)
-        assert plaintext.startswith("mmtj_")
+        assert plaintext.startswith("mado_mtj_") and len(plaintext) == len("mado_mtj_") + 43  # seed 001
         client = bearer(plaintext)
         body = client.get("/api/auth/token").json()
         assert body["kind"] == "job" and body["project"] == "lab"
@@ -173,6 +176,16 @@ class TestJobTokens:
         _, plaintext = services.issue_job_token(job_id=13, lease_id=uuid.uuid4(), project=world.project,
                                                 user=world.member)
         services.revoke_job_tokens(13)
+        assert "job has ended" in assert_error(bearer(plaintext).get("/api/auth/token"), 401)["error"]
+
+    def test_a_job_token_issued_before_the_mado_mtj_prefix_works_until_its_job_ends(self, world):
+        # A row written by the previous release, whose running job still holds an `mmtj_` token.
+        plaintext = "mmtj_" + secrets.token_urlsafe(32)
+        JobToken.objects.create(job_id=15, lease_id=uuid.uuid4(), project=world.project, user=world.member,
+                                prefix=plaintext[:12], token_hash=hashlib.sha256(plaintext.encode()).hexdigest())
+        body = bearer(plaintext).get("/api/auth/token").json()
+        assert body["kind"] == "job" and body["project"] == "lab"
+        services.revoke_job_tokens(15)
         assert "job has ended" in assert_error(bearer(plaintext).get("/api/auth/token"), 401)["error"]
 
     def test_a_job_token_carries_the_creators_current_role(self, world):
@@ -194,3 +207,21 @@ def test_an_admin_service_account_cannot_manage_identity_even_with_the_admin_sco
                  403, "service_account_cannot_manage")
     assert_error(client.post("/api/projects/lab/tokens", {"scopes": ["read"]}, format="json"), 403,
                  "service_account_self_issue")
+
+
+RANDOM_PART = "k9QwE2rT-yU7iO_pA5sD3fG1hJ4kL6zX8cV0bN2mQ4w"
+
+
+@pytest.mark.parametrize("token", ["mado_mtj_" + RANDOM_PART, "mmtj_" + RANDOM_PART, "mmt_" + RANDOM_PART])
+def test_every_place_that_masks_tokens_masks_new_and_old_job_tokens(token):
+    from computers.services import SECRET_PATTERNS
+    from sites.shells import stderr_tail as mask_shell_output
+    from worker_agent.site.launcher import mask_tail
+    from worker_agent.site.runner import mask as mask_runner_text
+    from worker_agent.text import mask_tokens, sanitize_detail
+
+    line = f"export MLFLOW_TRACKING_TOKEN={token}; curl -H 'Authorization: Bearer {token}'"
+    for masked in (mask_tokens(line), sanitize_detail(line, limit=1000), mask_tail(line),
+                   mask_shell_output(line), mask_runner_text(line)):
+        assert token not in masked and RANDOM_PART[-20:] not in masked
+    assert any(pattern.search(line) for pattern in SECRET_PATTERNS)  # a target check refuses to store it

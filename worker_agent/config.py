@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from worker_agent.text import JOB_TOKEN_PREFIXES, job_token_prefix
+
 WORKER_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 TOKEN_RE = re.compile(r"mmt_[A-Za-z0-9_\-]{16,200}")
 DEFAULT_PARALLEL_JOBS = 2
@@ -66,14 +68,15 @@ def parse_target_ids(value: str | None) -> list[int] | None:
 
 
 def validate_token(value: str) -> str:
-    """A worker token as the server issues it. A job token (`mmtj_…`) is refused: it belongs to one
-    running job, not to a worker."""
+    """A worker token as the server issues it. A job token (`mado_mtj_…`, formerly `mmtj_…`) is refused: it
+    belongs to one running job, not to a worker."""
     value = (value or "").strip()
     if not value:
         raise ConfigError("No worker token was given. Issue one for a service account (scopes read, worker:execute, "
                           "artifacts:write) and pass it with --token-file, the prompt or standard input.")
-    if value.startswith("mmtj_"):
-        raise ConfigError("This is a job token (mmtj_…), which works only for one running job. Issue a worker token "
+    if value.startswith(JOB_TOKEN_PREFIXES):
+        raise ConfigError(f"This is a job token ({job_token_prefix(value)}…), which works only for one running job. "
+                          "Issue a worker token "
                           "for a service account in Project settings → Service Accounts.")
     if not TOKEN_RE.fullmatch(value):
         raise ConfigError("The worker token is not valid: it starts with mmt_ followed by letters, digits, '-' and "

@@ -84,7 +84,8 @@ def job_environment(job: dict, locations: Locations, *, docker: bool = False) ->
         "MMT_API_TOKEN": token,
         "MLFLOW_TRACKING_URI": str(job.get("mlflow_tracking_uri") or (api_url + MLFLOW_PATH)),
         "MLFLOW_TRACKING_TOKEN": token,
-        # The claim payload has no separate Run id yet: a job is its own Run, so the job id is used.
+        # The Job's Run (claim payload `run_id`, `experiment_id`): mlflow.start_run() continues it. A server
+        # older than Runs sends neither; the job id then stands for the Run, and MLflow is not pointed at it.
         "MMT_RUN_ID": str(job.get("run_id") or job["id"]),
         "MMT_JOB_ID": str(job["id"]),
         "MMT_PROJECT_ID": str(job.get("project_id") or ""),
@@ -93,6 +94,10 @@ def job_environment(job: dict, locations: Locations, *, docker: bool = False) ->
         "MMT_RESULT_FILE": locations.result_file,
         "PYTHONUNBUFFERED": "1",
     })
+    if job.get("run_id"):
+        env["MLFLOW_RUN_ID"] = str(job["run_id"])
+    if job.get("experiment_id"):
+        env["MLFLOW_EXPERIMENT_ID"] = str(job["experiment_id"])
     if job.get("input_datasets"):
         container = locations.inputs_dir.startswith(CONTAINER_ROOT + "/")
         env["MMT_INPUT_DATASET_DIRS"] = json.dumps(dataset_dirs(job, container=container), sort_keys=True)

@@ -150,6 +150,10 @@ def _upload_source(api: Api, project: str, directory: Path) -> dict:
         archive.unlink(missing_ok=True)
 
 
+# The kinds of a Run (the server's tracking.choices.RunKind; it checks them again).
+RUN_KINDS = ["training", "fine-tuning", "inference", "evaluation", "preprocessing", "other"]
+
+
 @jobs.command("create", context_settings={"ignore_unknown_options": True})
 @click.option("--computer", type=int, help="The computer's ID (Global settings → Computers); not for multi-node.")
 @click.option("--runtime", default="python", show_default=True,
@@ -166,6 +170,9 @@ def _upload_source(api: Api, project: str, directory: Path) -> dict:
               help="A dataset version ID the job reads (MMT_INPUT_DATASET_DIRS); repeat for more.")
 @click.option("--walltime", type=click.IntRange(1, 30 * 24 * 3600), help="Seconds before the job is stopped.")
 @click.option("--name", default="", help="The run name.")
+@click.option("--run-kind", type=click.Choice(RUN_KINDS),
+              help="What the job's Run does (the Runs page filters by it; only training and fine-tuning Runs "
+                   "register result.json models). Default: other.")
 @click.option("--cluster-size", type=click.IntRange(1, 64), default=1, show_default=True,
               help="Replicas to run (main1, sub1, …); resources are per replica.")
 @click.option("--cluster-mode", type=click.Choice(["single-node", "multi-node"]), default="single-node",
@@ -175,7 +182,7 @@ def _upload_source(api: Api, project: str, directory: Path) -> dict:
 @click.argument("command", nargs=-1, type=click.UNPROCESSED, required=True)
 @click.pass_context
 def jobs_create(ctx, computer, runtime, image, gpus, gpu_count, requirements, source, git_source, params,
-                input_datasets, walltime, name,
+                input_datasets, walltime, name, run_kind,
                 cluster_size, cluster_mode, compute_group, gpus_per_replica, command):
     """Queue COMMAND on a computer, e.g. `mado-tracking jobs create --computer 3 -- python train.py`,
     or N replicas of it: `--cluster-size 3 --cluster-mode multi-node --compute-group lab-nodes`."""
@@ -203,6 +210,8 @@ def jobs_create(ctx, computer, runtime, image, gpus, gpu_count, requirements, so
         body["walltime_seconds"] = walltime
     if input_datasets:
         body["input_datasets"] = list(input_datasets)
+    if run_kind:
+        body["run_kind"] = run_kind
     if requirements:
         body["requirements"] = Path(requirements).read_text()
     if git_source:

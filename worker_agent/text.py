@@ -6,11 +6,19 @@ from __future__ import annotations
 
 import re
 
-# Tokens of the server: API tokens `mmt_…` and job tokens `mmtj_…` (url-safe base64 after the prefix).
-TOKEN_RE = re.compile(r"\bmmtj?_[A-Za-z0-9_\-]{16,}")
+# Tokens of the server: API tokens `mmt_…` and job tokens `mado_mtj_…` (before: `mmtj_…`, still masked), url-safe
+# base64 after the prefix.
+TOKEN_RE = re.compile(r"\b(?:mmtj?|mado_mtj)_[A-Za-z0-9_\-]{16,}")
+# Job tokens belong to one running Job: a worker or launcher refuses them as its own token.
+JOB_TOKEN_PREFIXES = ("mado_mtj_", "mmtj_")
 _CONTROL_RE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 _PRIVATE_KEY_RE = re.compile(r"-----BEGIN [A-Z ]*PRIVATE KEY-----")
 DETAIL_LIMIT = 200
+
+
+def job_token_prefix(token: str) -> str | None:
+    """The job-token prefix `token` starts with, or None for any other token."""
+    return next((prefix for prefix in JOB_TOKEN_PREFIXES if token.startswith(prefix)), None)
 
 
 def mask_token(token: str) -> str:

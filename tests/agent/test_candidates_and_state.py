@@ -96,7 +96,8 @@ def test_configuration_comes_from_the_environment(tmp_path, monkeypatch):
     ({"MMT_API_URL": "tracking.example"}, "give the server's address with http:// or https://"),
     ({"MMT_WORKER_ID": "-bad id"}, "is not valid: use 1 to 64 letters"),
     ({"MMT_WORKER_TARGET_IDS": "3,x"}, "give computer ids separated by commas"),
-    ({"MMT_API_TOKEN": "mmtj_" + "a" * 40}, "This is a job token"),
+    ({"MMT_API_TOKEN": "mado_mtj_" + "a" * 40}, "This is a job token"),
+    ({"MMT_API_TOKEN": "mmtj_" + "a" * 40}, "This is a job token (mmtj_…)"),  # issued before mado_mtj_
     ({"MMT_API_TOKEN": "hello"}, "starts with mmt_"),
     ({"MMT_API_TOKEN": None, "MMT_API_TOKEN_FILE": "/nonexistent/token"}, "does not exist"),
     ({"MMT_WORKER_PARALLEL_JOBS": "0"}, "from 1 to 128"),

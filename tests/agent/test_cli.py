@@ -112,7 +112,7 @@ def test_install_again_while_running_restarts_the_unit_with_the_new_token(isolat
     (["--worker-id", "bad id!"], TOKEN, "The worker id 'bad id!' is not valid"),
     (["--worker-id", "x" * 65], TOKEN, "is not valid"),
     (["--worker-id", "w1"], "mmt_short\n", "The worker token is not valid"),
-    (["--worker-id", "w1"], "mmtj_" + "a" * 43 + "\n", "This is a job token"),
+    (["--worker-id", "w1"], "mado_mtj_" + "a" * 43 + "\n", "This is a job token"),
     (["--worker-id", "w1"], "\n", "No worker token was given"),
     (["--worker-id", "w1", "--token-file", "/nonexistent/t"], "", "The token file /nonexistent/t does not exist"),
     (["--worker-id", "w1", "--target-ids", "3;5"], TOKEN, "give computer ids separated by commas"),
@@ -343,7 +343,7 @@ def test_run_refuses_a_state_dir_others_can_read(isolated_home, monkeypatch, tmp
 
 def test_run_takes_the_token_from_a_file_and_masks_it(isolated_home, monkeypatch, tmp_path):
     token_file = tmp_path / "t"
-    token_file.write_text("mmtj_" + "q" * 43)
+    token_file.write_text("mado_mtj_" + "q" * 43)
     result = invoke(["run", "--api-url", UNREACHABLE, "--worker-id", "w1", "--token-file", str(token_file)])
     assert result.exit_code == 1 and "This is a job token" in result.stderr and "q" * 20 not in result.output
 

@@ -91,7 +91,7 @@ def test_doctor_flags_missing_scopes_and_a_job_token(server, world, ssh_home, mo
     assert result.exit_code == 1
     assert "The token lacks the scope(s) worker:execute, artifacts:write" in result.output
 
-    monkeypatch.setenv("MMT_API_TOKEN", "mmtj_" + "j" * 43)
+    monkeypatch.setenv("MMT_API_TOKEN", "mado_mtj_" + "j" * 43)
     result = invoke(["doctor"])
     assert result.exit_code == 1 and "This is a job token" in result.output and "j" * 20 not in result.output
 

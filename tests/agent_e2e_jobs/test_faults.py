@@ -49,7 +49,7 @@ def test_a_worker_killed_mid_job_is_started_again_and_re_attaches_and_sigterm_le
     record_file = e2e.state_dir / "jobs" / f"{job.pk}.json"
     assert (record_file.stat().st_mode & 0o777, (e2e.state_dir / "jobs").stat().st_mode & 0o777) == (0o600, 0o700)
     record = json.loads(record_file.read_text())
-    assert record["lease_id"] == str(e2e.job(job).lease_id) and record["job_token"].startswith("mmtj_")
+    assert record["lease_id"] == str(e2e.job(job).lease_id) and record["job_token"].startswith("mado_mtj_")
     status = subprocess.run([WORKER, "status", "--worker-id", "lab-worker-1", "--state-dir", str(e2e.state_dir),
                              "--json"], capture_output=True, text=True, timeout=60)
     shown = json.loads(status.stdout)["jobs"]

@@ -120,5 +120,5 @@ def test_a_python_job_with_requirements_delivers_logs_outputs_and_metrics(e2e, p
     assert len(venvs) == 1
     assert e2e.stream(second, "stdout").splitlines()[-1] == "done"
     wait_until(lambda: e2e.journal() == [], timeout=5, what="the journal to be empty once the jobs completed")
-    assert not re.search(r"mmtj_[A-Za-z0-9_\-]{20,}", log_text), "a job token in the worker's log"
+    assert not re.search(r"(?:mado_mtj|mmtj)_[A-Za-z0-9_\-]{20,}", log_text), "a job token in the worker's log"
     assert worker.process.poll() is None

@@ -13,7 +13,7 @@ ENV = {"MMT_API_URL": "http://127.0.0.1:8000", "MMT_API_TOKEN": "mmt_" + "a" * 4
 def test_a_stopped_job_gets_ten_seconds_between_sigterm_and_sigkill_by_default():
     config = WorkerConfig.from_env(ENV)
     assert config.cancel_grace == 10 and config.parallel_jobs == 2
-    job = {"id": 5, "lease_id": "L", "job_token": "mmtj_" + "b" * 40, "runtime": "python", "command": ["python", "x"],
+    job = {"id": 5, "lease_id": "L", "job_token": "mado_mtj_" + "b" * 40, "runtime": "python", "command": ["python", "x"],
            "computer": {"working_dir": "/w", "python_path": "/usr/bin/python3"}}
     assert build_spec(job, TargetFacts(uid=1, gid=1), grace_seconds=config.cancel_grace)["grace_seconds"] == 10
     assert WorkerConfig.from_env({**ENV, "MMT_WORKER_CANCEL_GRACE": "3"}).cancel_grace == 3

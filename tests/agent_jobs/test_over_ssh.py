@@ -26,7 +26,7 @@ from worker_agent.supervisor import Remote
 
 
 def test_a_job_survives_a_disconnect_and_is_found_again_after_reconnecting(sshd, ssh_working_dir):
-    token = "mmtj_" + uuid.uuid4().hex
+    token = "mado_mtj_" + uuid.uuid4().hex
     marker = ssh_working_dir / "starts.txt"
     script = (f"import os, time\nopen({str(marker)!r}, 'a').write(f'{{os.getpid()}}\\n')\n"
               "for i in range(120):\n    print(f'step {i:03d}', flush=True)\n    time.sleep(0.04)\n")

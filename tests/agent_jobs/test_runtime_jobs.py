@@ -18,7 +18,7 @@ from worker_agent.runtimes import TargetFacts, build_spec
 from worker_agent.ssh import LocalConnection
 from worker_agent.supervisor import Remote
 
-TOKEN = "mmtj_0d1e2f3a4b5c6d7e8f90a1b2c3d4e5f6"
+TOKEN = "mado_mtj_0d1e2f3a4b5c6d7e8f90a1b2c3d4e5f6"
 WORKER_TOKEN = "mado_svc_worker_secret_0123456789"
 
 

@@ -17,7 +17,7 @@ from worker_agent.runtimes import RuntimeRefused, TargetFacts, build_spec
 from worker_agent.ssh import LocalConnection
 from worker_agent.supervisor import spec_hash
 
-TOKEN = "mmtj_9f8e7d6c5b4a39281706f5e4d3c2b1a0"
+TOKEN = "mado_mtj_9f8e7d6c5b4a39281706f5e4d3c2b1a0"
 LEASE = "6c1f3a52-8d0e-4b7a-9e21-3f5d7c9b1a04"
 WD = "/data/mmt"
 JD = "/data/mmt/.mmt/jobs/12"
@@ -308,6 +308,6 @@ def test_specs_refuse_incomplete_jobs():
 def test_the_spec_hash_ignores_the_token_only():
     job = payload()
     again = copy.deepcopy(job)
-    again["job_token"] = "mmtj_handed_out_again_by_resume"
+    again["job_token"] = "mado_mtj_handed_out_again_by_resume"
     assert build_spec(job, FACTS)["spec_hash"] == build_spec(again, FACTS)["spec_hash"]
     assert build_spec(job, FACTS)["spec_hash"] != build_spec(payload(env={"SEED": "8"}), FACTS)["spec_hash"]

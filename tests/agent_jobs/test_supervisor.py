@@ -89,7 +89,7 @@ def test_a_second_start_returns_the_same_state_and_starts_nothing(local, working
 
 def test_a_different_lease_or_spec_is_refused_but_a_new_token_is_the_same_start(local, working_dir):
     spec = process_spec(working_dir, script="import time; time.sleep(0.5)",
-                        env={"MMT_API_TOKEN": "mmtj_first"}, secrets=["mmtj_first"])
+                        env={"MMT_API_TOKEN": "mado_mtj_first"}, secrets=["mado_mtj_first"])
     first = local.start(spec)
     other_lease = local.start(dict(spec, lease_id="lease-other"), check=False)
     assert other_lease["rc"] == 3 and other_lease["code"] == "state_mismatch"
@@ -98,7 +98,7 @@ def test_a_different_lease_or_spec_is_refused_but_a_new_token_is_the_same_start(
     assert other_command["rc"] == 3 and other_command["code"] == "state_mismatch"
     assert "spec_hash" in other_command["error"]
     # resume hands out a fresh job token: the same job, not another start
-    new_token = local.start(dict(spec, env={"MMT_API_TOKEN": "mmtj_second"}, secrets=["mmtj_second"]))
+    new_token = local.start(dict(spec, env={"MMT_API_TOKEN": "mado_mtj_second"}, secrets=["mado_mtj_second"]))
     assert new_token["started"] is False and new_token["spec_hash"] == first["spec_hash"]
     local.wait_status("7", "exited")
     tampered = local.start(dict(spec, job_id="8", spec_hash="0" * 64), check=False)
@@ -352,7 +352,7 @@ def test_a_command_that_cannot_start_fails_to_start(local, working_dir):
 
 
 def test_the_job_token_is_never_in_an_argv_and_the_worker_token_never_reaches_the_job(working_dir):
-    job_token = "mmtj_" + uuid.uuid4().hex
+    job_token = "mado_mtj_" + uuid.uuid4().hex
     worker_token = "mado_svc_" + uuid.uuid4().hex
     env = dict(os.environ, MMT_API_TOKEN=worker_token, SOME_WORKER_SETTING="x")
     local = Local(working_dir, env=env)

@@ -51,7 +51,7 @@ def test_hosts_file_and_docker_add_host():
 
 
 def replica_job(**changes) -> dict:
-    job = {"id": 12, "lease_id": "6c1f3a52-8d0e-4b7a-9e21-3f5d7c9b1a04", "job_token": "mmtj_secret", "project_id": 1,
+    job = {"id": 12, "lease_id": "6c1f3a52-8d0e-4b7a-9e21-3f5d7c9b1a04", "job_token": "mado_mtj_secret", "project_id": 1,
            "runtime": "python", "image": "", "command": ["python", "train.py"], "source": None, "requirements": "",
            "parameters": {}, "env": {"SEED": "7", "MMT_CLUSTER_HOST": "forged"}, "gpu_ids": ["2", "3"],
            "walltime_seconds": None, "api_url": "https://mado.example.org",

@@ -198,7 +198,7 @@ class Server:
 
             def do_GET(self):
                 outer.requests.append((self.path, self.headers.get("Range"), time.monotonic()))
-                assert self.headers["Authorization"] == "Bearer mmtj_test"
+                assert self.headers["Authorization"] == "Bearer mado_mtj_test"
                 if self.path == "/api/m/manifest":
                     return self.send(200, json.dumps({"digest": digest_of(files), "items": manifest_of(files)})
                                      .encode())
@@ -250,7 +250,7 @@ def server():
 
 
 def direct(cache, server, **kw):
-    return cache.ensure(server.files, mode="direct", api_url=server.url, token="mmtj_test",
+    return cache.ensure(server.files, mode="direct", api_url=server.url, token="mado_mtj_test",
                         manifest_url="/api/m/manifest", files_url="/api/f/", **kw)
 
 

@@ -80,7 +80,7 @@ def test_a_waiting_job_is_claimed_written_over_ssh_submitted_and_reported_with_i
     assert os.lstat(spec_dir).st_uid == sshd.home.stat().st_uid
     assert stat.S_IMODE(os.lstat(spec_dir / "job.json").st_mode) == 0o600
     payload = json.loads((spec_dir / "job.json").read_text())
-    assert payload["format"] == 1 and payload["api_url"] == server and payload["token"].startswith("mmtj_")
+    assert payload["format"] == 1 and payload["api_url"] == server and payload["token"].startswith("mado_mtj_")
     assert payload["job"]["id"] == job.pk
 
 
@@ -119,7 +119,7 @@ def test_a_failing_job_shell_reports_its_stderr_tail_with_the_job_token_masked(s
     # read it on the Job's page); the Job's error says who can (issue 14).
     row = Submission.objects.get(job=job)
     assert row.error.endswith("sbatch: error: Batch job submission failed: Invalid account")
-    assert '"token": "****"' in row.error and "mmtj_" not in row.error
+    assert '"token": "****"' in row.error and "mado_mtj_" not in row.error
     assert "Invalid account" not in job.error and "refused the Job" in job.error
     assert submissions.failure_detail(target.owner, job) == row.error
 
@@ -201,7 +201,7 @@ def test_run_once_as_a_command_submits_and_logs_no_token_or_key(server, register
     assert job.status == "submitted"
     assert f"submitted Jobs [{job.pk}] as scheduler job 77{job.pk}" in err
     private = (tmp_path / "cli-state" / "keys" / f"{target.pk}-shared").read_text()
-    assert registered[1] not in out + err and "mmtj_" not in out + err
+    assert registered[1] not in out + err and "mado_mtj_" not in out + err
     assert private.splitlines()[1] not in out + err and "PRIVATE KEY" not in out + err
 
 

@@ -13,7 +13,7 @@ import pytest
 from worker_agent.site import spec
 from worker_agent.site.login import run_script
 
-TOKEN = "mmtj_" + "A" * 40
+TOKEN = "mado_mtj_" + "A" * 40
 
 
 def submission(work_dir, job_ids=(11, 12), runner_python="/usr/bin/python3") -> dict:

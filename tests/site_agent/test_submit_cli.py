@@ -57,7 +57,7 @@ def test_submit_runs_the_job_shell_here_for_my_waiting_jobs_and_reports_them(man
         assert stat.S_IMODE(os.lstat(spec_dir / "job.json").st_mode) == 0o600
     others.refresh_from_db()
     assert others.status == "waiting_manual"
-    assert "mmtj_" not in result.output
+    assert "mado_mtj_" not in result.output
 
 
 def test_a_failing_job_shell_exits_1_and_the_job_fails_with_the_masked_stderr(manual_site, world, server,
@@ -69,7 +69,7 @@ def test_a_failing_job_shell_exits_1_and_the_job_fails_with_the_masked_stderr(ma
     assert f"Job {job.pk}: submission failed:" in result.stderr and "Invalid account" in result.stderr
     job.refresh_from_db()
     assert (job.status, job.end_reason) == ("failed", "submit_failed")
-    assert "mmtj_" not in job.error + result.output
+    assert "mado_mtj_" not in job.error + result.output
     # The Job's error names who ran it; the message itself is theirs (and the owner's) to read (issue 14).
     assert f"failed when {world.project_admin.username} ran mado-tracking submit" in job.error
     assert "Invalid account" not in job.error
@@ -108,7 +108,7 @@ def test_configuration_and_api_errors_exit_2_with_what_to_do(manual_site, world,
     assert no_url.exit_code == 2 and "Set MMT_API_URL" in no_url.stderr
     wrong_url = submit("--site", target.pk, token=token, url=f"http://127.0.0.1:{free_port()}")
     assert wrong_url.exit_code == 2 and "Cannot reach the API server" in wrong_url.stderr
-    job_token = submit("--site", target.pk, token="mmtj_" + "x" * 40, url=server)
+    job_token = submit("--site", target.pk, token="mado_mtj_" + "x" * 40, url=server)
     assert job_token.exit_code == 2 and "job token" in job_token.stderr
     unknown = submit("--site", 999999, token=token, url=server)
     assert unknown.exit_code == 2 and "Check --site 999999" in unknown.stderr

@@ -157,7 +157,7 @@ def test_three_jobs_alike_go_as_one_slurm_array_and_each_finishes_with_its_own_l
            "MMT_LAUNCHER_STATE_DIR": str(site.agent.state_dir), "MMT_LAUNCHER_LONG_POLL": "0"}
     ran = run_cli([str(Path(sys.executable).parent / "mado-tracking-launcher"), "run", "--once"], env)
     assert ran.returncode == 0, ran.stderr
-    assert site.launcher_token not in ran.stdout + ran.stderr and "mmtj_" not in ran.stdout + ran.stderr
+    assert site.launcher_token not in ran.stdout + ran.stderr and "mado_mtj_" not in ran.stdout + ran.stderr
     rows = [site.submission(job) for job in jobs]
     slurm_id = rows[0].scheduler_job_id
     assert [(r.status, r.scheduler_job_id, r.array_index) for r in rows] == \
@@ -201,7 +201,7 @@ def test_a_manual_site_job_goes_through_mado_tracking_submit_and_slurm_to_finish
         slurm_id = row.scheduler_job_id
         assert (row.status, row.submitted_by_id) == ("submitted", world.project_admin.pk)
         assert re.fullmatch(r"[0-9]+", slurm_id) and f"submitted as scheduler job {slurm_id}" in result.stdout
-        assert token not in result.stdout + result.stderr and "mmtj_" not in result.stdout + result.stderr
+        assert token not in result.stdout + result.stderr and "mado_mtj_" not in result.stdout + result.stderr
         assert f"JobName=mmt-{job.pk}" in slurm.show(slurm_id)
 
         job = site.wait_status(job, "finished", "failed", "canceled")

@@ -190,7 +190,7 @@ def run_lib_runner(spec_dir: Path, *args: str) -> subprocess.CompletedProcess:
 
 
 def test_bad_spec_directory_exits_2_with_what_to_fix(tmp_path):
-    spec_dir = write_spec_dir(tmp_path / "spec", api_url="http://127.0.0.1:9", token="mmtj_" + "A" * 43,
+    spec_dir = write_spec_dir(tmp_path / "spec", api_url="http://127.0.0.1:9", token="mado_mtj_" + "A" * 43,
                               job={"id": 5}, runner_python=sys.executable)
 
     missing = run_lib_runner(spec_dir, str(tmp_path / "nowhere"))

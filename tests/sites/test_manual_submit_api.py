@@ -46,7 +46,7 @@ def test_a_job_on_a_manual_site_waits_and_its_requester_submits_it(world, pc, bo
     assert item["job_ids"] == [job_id] and item["adopt"] is False and item["account_name"] == ""
     assert item["working_dir"] == "/home/bob/mmt"
     assert item["jobs"][0]["spec_dir"] == f"/home/bob/mmt/.mmt-submissions/{job_id}"
-    assert "export MMT_VAR_PARTITION=debug" in item["script"] and item["jobs"][0]["token"].startswith("mmtj_")
+    assert "export MMT_VAR_PARTITION=debug" in item["script"] and item["jobs"][0]["token"].startswith("mado_mtj_")
     assert Submission.objects.get(job_id=job_id).submitted_by == world.member
     reported = bob.post(f"/api/sites/{pc.pk}/submissions/report",
                         {"job_ids": [job_id], "outcome": "submitted"}, format="json")

@@ -63,7 +63,7 @@ def test_three_same_shaped_jobs_become_one_array_with_one_batch_and_the_rendered
     assert [r.array_index for r in rows] == [0, 1, 2] and {r.job_shell.version for r in rows} == {1}
     for entry, job in zip(first["jobs"], array, strict=True):
         assert entry["spec_dir"] == f"/work/mmt/.mmt-submissions/{job.pk}"
-        assert entry["token"].startswith("mmtj_") and entry["job"]["id"] == job.pk
+        assert entry["token"].startswith("mado_mtj_") and entry["job"]["id"] == job.pk
         assert entry["job"]["api_url"] == "https://tracking.example.org" and entry["job"]["command"]
         # A job token per Job, stored only as its hash.
         assert JobToken.objects.get(token_hash=hash_token(entry["token"])).job_id == job.pk

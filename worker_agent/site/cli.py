@@ -21,7 +21,7 @@ import click
 
 from worker_agent import __version__
 from worker_agent.cli import setup_logging
-from worker_agent.text import mask_tokens
+from worker_agent.text import JOB_TOKEN_PREFIXES, job_token_prefix, mask_tokens
 
 EXIT_CONFIG = 2
 TOKEN_RE_TEXT = r"mmt_[A-Za-z0-9_\-]{16,200}"
@@ -46,8 +46,9 @@ def _token(token_file: str | None, *, who: str) -> str:
         token = os.environ.get("MMT_API_TOKEN", "").strip()
     if not token:
         raise ConfigError(f"Set MMT_API_TOKEN, or MMT_API_TOKEN_FILE to a file holding {who}.")
-    if token.startswith("mmtj_"):
-        raise ConfigError("This is a job token (mmtj_…), which belongs to one running Job: use " + who + ".")
+    if token.startswith(JOB_TOKEN_PREFIXES):
+        raise ConfigError(f"This is a job token ({job_token_prefix(token)}…), which belongs to one running Job: "
+                          f"use {who}.")
     if not re.fullmatch(TOKEN_RE_TEXT, token):
         raise ConfigError("The token is not valid: it starts with mmt_ followed by letters, digits, '-' and '_'. "
                           "Copy it again from the page that showed it once, or issue a new one.")

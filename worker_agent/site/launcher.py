@@ -49,7 +49,7 @@ CANCEL_SECONDS = 60.0
 TAIL = 1000
 MAX_LIMIT = 50
 SCHEDULER_ID = re.compile(r"^[A-Za-z0-9][\[\]A-Za-z0-9._:-]{0,199}$")
-TOKEN_RE = re.compile(r"mmtj?_[A-Za-z0-9_-]{16,}")
+TOKEN_RE = re.compile(r"(?:mmtj?|mado_mtj)_[A-Za-z0-9_-]{16,}")
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 
 
@@ -57,7 +57,7 @@ _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 
 def mask_tail(text: str, secrets=(), limit: int = TAIL) -> str:
     """The last `limit` characters of a job shell's stderr, the given secrets and anything shaped like
-    a token (mmt_…, mmtj_…) replaced by ****, control characters other than newline and tab removed."""
+    a token (mmt_…, mado_mtj_…, mmtj_…) replaced by ****, control characters other than newline and tab removed."""
     for secret in sorted((s for s in secrets if s), key=len, reverse=True):
         text = text.replace(secret, "****")
     text = TOKEN_RE.sub("****", text)

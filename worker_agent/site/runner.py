@@ -92,7 +92,7 @@ CONNECT_TIMEOUT = 30.0
 START_PATIENCE = 600.0  # seconds of an unreachable API before the runner gives up starting
 RETRY_CAP = 30.0
 FINISH_ROUNDS = 3  # outputs sent again when the server still misses artifacts at finish
-TOKEN_RE = re.compile(r"\bmmtj?_[A-Za-z0-9_\-]{16,}")
+TOKEN_RE = re.compile(r"\b(?:mmtj?|mado_mtj)_[A-Za-z0-9_\-]{16,}")
 SCHEDULER_ID_VARIABLES = ("SLURM_JOB_ID", "PBS_JOBID", "JOB_ID", "PJM_JOBID")
 # Job ends that are final for the loop: the supervisor has stopped writing the logs.
 ENDED = supervisor.TERMINAL + ("absent", "refused")

@@ -1,0 +1,429 @@
+"""The only writers of experiments, Runs and what is logged to them. Each state change that matters
+(experiment created, Run created/updated/deleted/restored) writes an AuditEvent; single metric points,
+params and tags do not (they are the Run's data, and would flood the audit trail)."""
+from __future__ import annotations
+
+import random
+from collections import Counter
+
+from django.db import IntegrityError, connection, transaction
+from django.utils.translation import gettext as _
+
+from jobs.choices import JobStatus
+from mado.errors import ServiceError
+from mado.services import Actor, audit
+from tracking import access
+from tracking.choices import DEFAULT_EXPERIMENT_NAME, TERMINAL_RUN_STATUSES, LifecycleStage, RunKind, RunStatus
+from tracking.errors import MlflowError, invalid
+from tracking.models import Experiment, LatestMetric, Metric, Param, Run, RunInput, Tag, now_ms, stored_value
+from tracking.validation import (
+    MAX_DATASET_DIGEST_SIZE,
+    MAX_DATASET_NAME_SIZE,
+    MAX_DATASET_SCHEMA_SIZE,
+    MAX_DATASET_SOURCE_SIZE,
+    MAX_DATASETS_PER_BATCH,
+    MAX_EXPERIMENT_TAG_VAL_LENGTH,
+    MAX_PARAM_VAL_LENGTH,
+    MAX_RUN_NAME_LENGTH,
+    MAX_TAG_VAL_LENGTH,
+    as_long,
+    experiment_name,
+    metric_value,
+    validate_batch_limits,
+    validate_key,
+    validate_text,
+)
+
+RUN_NAME_TAG = "mlflow.runName"
+USER_TAG = "mlflow.user"
+KIND_TAG = "mado.kind"  # a Run's kind, settable as a tag by clients that only speak MLflow
+JOB_END_STATUS = {JobStatus.FINISHED: RunStatus.FINISHED, JobStatus.FAILED: RunStatus.FAILED,
+                  JobStatus.CANCELED: RunStatus.KILLED}
+
+
+# Experiments ----------------------------------------------------------------------------------------
+
+def default_experiment(project) -> Experiment:
+    """The project's default experiment, created on first need (also what MLflow's experiment "0" means)."""
+    found = Experiment.objects.filter(project=project, is_default=True).first()
+    if found is not None:
+        return found
+    try:
+        with transaction.atomic():
+            return Experiment.objects.create(project=project, name=DEFAULT_EXPERIMENT_NAME, is_default=True)
+    except IntegrityError:
+        pass
+    found = Experiment.objects.filter(project=project, is_default=True).first()
+    if found is not None:
+        return found
+    # Someone named an experiment "Default" first: it becomes the default.
+    Experiment.objects.filter(project=project, name=DEFAULT_EXPERIMENT_NAME).update(is_default=True)
+    return Experiment.objects.get(project=project, is_default=True)
+
+
+def create_experiment(actor: Actor, principal, project, *, name, tags=None) -> Experiment:
+    access.check_can_create(actor.user, principal, project)
+    name = experiment_name(name)
+    clean_tags = {}
+    for index, tag in enumerate(_list(tags, "tags")):
+        tag = _dict(tag, f"tags[{index}]")
+        key = validate_key(tag.get("key"), f"tags[{index}].key", "Tag")
+        clean_tags[key] = validate_text(tag.get("value"), f"tags[{index}].value", MAX_EXPERIMENT_TAG_VAL_LENGTH,
+                                        required=False)
+    if Experiment.objects.filter(project=project, name=name).exists():
+        raise MlflowError(f"Experiment(name={name}) already exists.", "RESOURCE_ALREADY_EXISTS")
+    try:
+        with transaction.atomic():
+            experiment = Experiment.objects.create(project=project, name=name, tags=clean_tags,
+                                                   created_by=_saved_user(actor))
+            audit(actor, "experiment.create", experiment, project=project, after={"name": name})
+    except IntegrityError:
+        raise MlflowError(f"Experiment(name={name}) already exists.", "RESOURCE_ALREADY_EXISTS") from None
+    return experiment
+
+
+# Runs -----------------------------------------------------------------------------------------------
+
+def create_job_run(actor: Actor, job, options: dict) -> Run:
+    """jobs.hooks after-create callback: every Job gets its Run (name = the Job's name) in the project's
+    default experiment. `run_kind` is the create_job option naming the Run's kind."""
+    kind = options.get("run_kind") or RunKind.OTHER
+    if kind not in RunKind.values:
+        raise ServiceError(_("The Run's kind is one of %(kinds)s.") % {"kinds": ", ".join(RunKind.values)},
+                           "invalid", fields={"run_kind": [_("Unknown kind.")]})
+    experiment = default_experiment(job.project)
+    run = Run.objects.create(experiment=experiment, project=job.project, job=job, name=job.display_name[:250],
+                             kind=kind, status=RunStatus.SCHEDULED, start_time=int(job.created_at.timestamp() * 1000),
+                             created_by=job.created_by)
+    Tag.objects.bulk_create([Tag(run=run, key=RUN_NAME_TAG, value=run.name),
+                             Tag(run=run, key=USER_TAG, value=job.created_by.username)])
+    return run
+
+
+def end_job_run(job) -> None:
+    """jobs.hooks after-end callback: the Job's end ends its Run unless the code ended it already."""
+    run = Run.objects.select_for_update().filter(job=job).first()
+    if run is None or run.status in TERMINAL_RUN_STATUSES:
+        return
+    run.status = JOB_END_STATUS.get(job.status, RunStatus.FAILED)
+    run.end_time = int(job.finished_at.timestamp() * 1000) if job.finished_at else now_ms()
+    run.save(update_fields=["status", "end_time"])
+
+
+def start_job_run(job) -> None:
+    """jobs.hooks after-start callback: the Job's process started, so its Run is RUNNING (unless the code
+    already ended it), with the Job's start as its start time when the code gave none."""
+    run = Run.objects.select_for_update().filter(job=job).first()
+    if run is None or run.status != RunStatus.SCHEDULED:
+        return
+    run.status = RunStatus.RUNNING
+    if job.started_at is not None:  # a scheduled Run's start time was the Job's creation
+        run.start_time = int(job.started_at.timestamp() * 1000)
+    run.save(update_fields=["status", "start_time"])
+
+
+def claim_payload(job) -> dict:
+    """jobs.hooks claim-payload callback: the Run the worker points MLflow at."""
+    run = Run.objects.filter(job=job).only("run_id", "experiment_id").first()
+    if run is None:
+        return {}
+    return {"run_id": run.run_id, "experiment_id": str(run.experiment_id)}
+
+
+def record_job_metrics(job, points) -> None:
+    """jobs.hooks metrics-recorded callback: the metric points jobs stored for a Job (result.json `metrics`,
+    points a worker posts) are also its Run's, in the same transaction. They were checked by jobs (names of
+    at most 250 characters, finite values, steps ≥ 0), so they are stored as they came, each point once."""
+    run = Run.objects.filter(job=job).only("run_id").first()
+    if run is None:  # a Job from before Runs existed
+        return
+    _insert_points(run, [(p.name, float(p.value), int(p.timestamp.timestamp() * 1000), int(p.step))
+                         for p in points])
+
+
+def create_run(actor: Actor, principal, project, *, experiment_id=None, run_name=None, start_time=None,
+               tags=None, user_id=None) -> Run:
+    access.check_can_create(actor.user, principal, project)
+    if experiment_id in (None, "", "0", 0):
+        experiment = default_experiment(project)
+    else:
+        experiment = access.experiment_for(actor.user, project, _experiment_id(experiment_id))
+    if experiment.lifecycle_stage != LifecycleStage.ACTIVE:
+        raise invalid(f"The experiment {experiment.pk} must be in the 'active' state. Current state is "
+                      f"{experiment.lifecycle_stage}.")
+    tag_rows = _clean_tags(tags)
+    name = validate_text(run_name, "run_name", MAX_RUN_NAME_LENGTH, required=False)
+    tagged_name = dict(tag_rows).get(RUN_NAME_TAG)
+    if name and tagged_name and name != tagged_name:
+        raise invalid(f"Both 'run_name' argument and 'mlflow.runName' tag are specified, but with different "
+                      f"values (run_name='{name}', mlflow.runName='{tagged_name}').")
+    name = name or tagged_name or _random_name()
+    start = as_long(start_time, "start_time", default=None, minimum=0) or now_ms()
+    kind = dict(tag_rows).get(KIND_TAG)
+    with transaction.atomic():
+        run = Run.objects.create(experiment=experiment, project=project, name=name, status=RunStatus.RUNNING,
+                                 start_time=start, created_by=_saved_user(actor),
+                                 kind=kind if kind in RunKind.values else RunKind.OTHER)
+        values = dict(tag_rows)
+        values[RUN_NAME_TAG] = name
+        values.setdefault(USER_TAG, str(user_id or actor.user.username)[:MAX_TAG_VAL_LENGTH])
+        Tag.objects.bulk_create([Tag(run=run, key=k, value=v) for k, v in values.items()])
+        audit(actor, "run.create", run, project=project,
+              after={"experiment": experiment.pk, "name": name, "kind": run.kind})
+    return run
+
+
+def update_run(actor: Actor, principal, run: Run, *, status=None, end_time=None, run_name=None) -> Run:
+    access.check_can_write(actor.user, principal, run)
+    _check_active(run)
+    before = {"status": run.status, "name": run.name}
+    with transaction.atomic():
+        run = Run.objects.select_for_update().get(pk=run.pk)
+        fields = []
+        if status not in (None, ""):
+            if status not in RunStatus.values:
+                raise invalid(f"Invalid value '{status}' for parameter 'status' supplied. Valid values are "
+                              f"{', '.join(RunStatus.values)}.")
+            run.status = status
+            fields.append("status")
+            if status in TERMINAL_RUN_STATUSES:
+                run.end_time = as_long(end_time, "end_time", minimum=0) or now_ms()
+            else:
+                run.end_time = as_long(end_time, "end_time", minimum=0)
+            fields.append("end_time")
+        elif end_time not in (None, ""):
+            run.end_time = as_long(end_time, "end_time", minimum=0)
+            fields.append("end_time")
+        if run_name not in (None, ""):
+            run.name = validate_text(run_name, "run_name", MAX_RUN_NAME_LENGTH)
+            fields.append("name")
+            _upsert_tags(run, [(RUN_NAME_TAG, run.name)])
+        if fields:
+            run.save(update_fields=fields)
+            if "status" in fields or "name" in fields:
+                audit(actor, "run.update", run, project=run.project, before=before,
+                      after={"status": run.status, "name": run.name})
+    return run
+
+
+def set_lifecycle(actor: Actor, principal, run: Run, stage: str) -> Run:
+    access.check_can_write(actor.user, principal, run)
+    with transaction.atomic():
+        run = Run.objects.select_for_update().get(pk=run.pk)
+        if run.lifecycle_stage != stage:
+            before = run.lifecycle_stage
+            run.lifecycle_stage = stage
+            run.deleted_time = now_ms() if stage == LifecycleStage.DELETED else None
+            run.save(update_fields=["lifecycle_stage", "deleted_time"])
+            audit(actor, "run.delete" if stage == LifecycleStage.DELETED else "run.restore", run,
+                  project=run.project, before={"lifecycle_stage": before}, after={"lifecycle_stage": stage})
+    return run
+
+
+# Logging --------------------------------------------------------------------------------------------
+
+def log_batch(actor: Actor, principal, run: Run, *, metrics=None, params=None, tags=None) -> None:
+    """MLflow's LogBatch: limits first, then every item checked, then all written in one transaction
+    (metric points in one bulk insert, latest values in one upsert)."""
+    metrics, params, tags = _list(metrics, "metrics"), _list(params, "params"), _list(tags, "tags")
+    validate_batch_limits(metrics, params, tags)
+    access.check_can_write(actor.user, principal, run)
+    _check_active(run)
+    points = [_clean_metric(m, f"metrics[{i}]") for i, m in enumerate(metrics)]
+    param_rows = _clean_params(params)
+    tag_rows = _clean_tags(tags, base="tags")
+    with transaction.atomic():
+        if param_rows:
+            _insert_params(run, param_rows)
+        if tag_rows:
+            _upsert_tags(run, tag_rows)
+            _apply_special_tags(run, tag_rows)
+        if points:
+            _insert_points(run, points)
+
+
+def delete_tag(actor: Actor, principal, run: Run, key) -> None:
+    access.check_can_write(actor.user, principal, run)
+    _check_active(run)
+    key = validate_key(key, "key", "Tag")
+    deleted, _rows = Tag.objects.filter(run=run, key=key).delete()
+    if not deleted:
+        raise MlflowError(f"No tag with name: {key} in run with id {run.run_id}", "RESOURCE_DOES_NOT_EXIST")
+
+
+def log_inputs(actor: Actor, principal, run: Run, *, datasets=None) -> None:
+    datasets = _list(datasets, "datasets")
+    if len(datasets) > MAX_DATASETS_PER_BATCH:
+        raise invalid(f"A batch logging request can contain at most {MAX_DATASETS_PER_BATCH} datasets. Got "
+                      f"{len(datasets)} datasets. Please split up datasets across multiple requests and try again.")
+    access.check_can_write(actor.user, principal, run)
+    _check_active(run)
+    rows = []
+    for index, item in enumerate(datasets):
+        item = _dict(item, f"datasets[{index}]")
+        dataset = _dict(item.get("dataset"), f"datasets[{index}].dataset")
+        path = f"datasets[{index}].dataset"
+        input_tags = []
+        for t_index, tag in enumerate(_list(item.get("tags"), f"datasets[{index}].tags")):
+            tag = _dict(tag, f"datasets[{index}].tags[{t_index}]")
+            input_tags.append({"key": validate_text(tag.get("key"), "key", 255),
+                               "value": validate_text(tag.get("value"), "value", 500, required=False)})
+        rows.append(RunInput(
+            run=run, name=validate_text(dataset.get("name"), f"{path}.name", MAX_DATASET_NAME_SIZE),
+            digest=validate_text(dataset.get("digest"), f"{path}.digest", MAX_DATASET_DIGEST_SIZE),
+            source_type=validate_text(dataset.get("source_type"), f"{path}.source_type", 36, required=False),
+            source=validate_text(dataset.get("source"), f"{path}.source", MAX_DATASET_SOURCE_SIZE, required=False),
+            schema=validate_text(dataset.get("schema"), f"{path}.schema", MAX_DATASET_SCHEMA_SIZE, required=False),
+            profile=validate_text(dataset.get("profile"), f"{path}.profile", 16777215, required=False),
+            tags=input_tags))
+    with transaction.atomic():
+        for row in rows:
+            RunInput.objects.update_or_create(run=run, name=row.name, digest=row.digest, defaults={
+                "source_type": row.source_type, "source": row.source, "schema": row.schema, "profile": row.profile,
+                "tags": row.tags})
+
+
+# helpers --------------------------------------------------------------------------------------------
+
+def _clean_metric(metric, path: str) -> tuple[str, float, int, int]:
+    metric = _dict(metric, path)
+    key = validate_key(metric.get("key"), f"{path}.key", "Metric")
+    timestamp = metric.get("timestamp")
+    value = metric_value(metric.get("value"), f"{path}.value", key, timestamp)
+    if timestamp is None:
+        raise invalid(f"Missing value for required parameter '{path}.timestamp'.")
+    timestamp = as_long(timestamp, f"{path}.timestamp", minimum=0,
+                        message=f"metric '{key}' (value={value}). Timestamp must be a nonnegative long "
+                                "(64-bit integer) ")
+    step = as_long(metric.get("step"), f"{path}.step", default=0,
+                   message=f"metric '{key}' (value={value}). Step must be a valid long (64-bit integer).")
+    return key, value, timestamp, step
+
+
+def _clean_params(params: list) -> list[tuple[str, str]]:
+    rows = []
+    for index, param in enumerate(params):
+        param = _dict(param, f"params[{index}]")
+        key = validate_key(param.get("key"), f"params[{index}].key", "Param")
+        value = validate_text(param.get("value"), f"params[{index}].value", MAX_PARAM_VAL_LENGTH, required=False)
+        rows.append((key, value))
+    dupes = sorted(k for k, n in Counter(k for k, _v in rows).items() if n > 1)
+    if dupes:
+        raise invalid(f"Duplicate parameter keys have been submitted: {dupes}. Please ensure the request contains "
+                      "only one param value per param key.")
+    return rows
+
+
+def _clean_tags(tags, base: str = "tags") -> list[tuple[str, str]]:
+    rows = {}
+    for index, tag in enumerate(_list(tags, base)):
+        tag = _dict(tag, f"{base}[{index}]")
+        key = validate_key(tag.get("key"), f"{base}[{index}].key", "Tag")
+        rows[key] = validate_text(tag.get("value"), f"{base}[{index}].value", MAX_TAG_VAL_LENGTH, required=False)
+    return list(rows.items())
+
+
+def _insert_params(run: Run, rows: list[tuple[str, str]]) -> None:
+    existing = dict(Param.objects.filter(run=run, key__in=[k for k, _v in rows]).values_list("key", "value"))
+    for key, value in rows:
+        if key in existing and existing[key] != value:
+            raise invalid(f"Changing param values is not allowed. Param with key='{key}' was already logged with "
+                          f"value='{existing[key]}' for run ID='{run.run_id}'. Attempted logging new value "
+                          f"'{value}'.")
+    Param.objects.bulk_create([Param(run=run, key=k, value=v) for k, v in rows if k not in existing],
+                              ignore_conflicts=True)
+
+
+def _upsert_tags(run: Run, rows: list[tuple[str, str]]) -> None:
+    Tag.objects.bulk_create([Tag(run=run, key=k, value=v) for k, v in rows], update_conflicts=True,
+                            unique_fields=["run", "key"], update_fields=["value"])
+
+
+def _apply_special_tags(run: Run, rows: list[tuple[str, str]]) -> None:
+    values = dict(rows)
+    fields = []
+    if values.get(RUN_NAME_TAG) and values[RUN_NAME_TAG] != run.name:
+        run.name = values[RUN_NAME_TAG][:MAX_RUN_NAME_LENGTH]
+        fields.append("name")
+    if values.get(KIND_TAG) in RunKind.values and values[KIND_TAG] != run.kind:
+        run.kind = values[KIND_TAG]
+        fields.append("kind")
+    if fields:
+        Run.objects.filter(pk=run.pk).update(**{f: getattr(run, f) for f in fields})
+
+
+def _insert_points(run: Run, points) -> None:
+    """Metric points (key, value, timestamp, step) in one bulk insert, each stored once: a point already
+    there (the same batch sent again after a lost answer) is skipped, as MLflow's primary key does. Then
+    each key's latest value, in one upsert. NaN is stored as MLflow stores it (value 0, is_nan)."""
+    rows = {}
+    for key, value, timestamp, step in points:
+        value, is_nan = stored_value(value)
+        rows[(key, step, timestamp, value, is_nan)] = Metric(run_id=run.pk, key=key, value=value,
+                                                               timestamp=timestamp, step=step, is_nan=is_nan)
+    Metric.objects.bulk_create(list(rows.values()), batch_size=1000, ignore_conflicts=True)
+    _update_latest(run, list(rows.values()))
+
+
+def _order_key(point: Metric) -> tuple:
+    return point.step, point.timestamp, point.value  # the stored value (0 for NaN), as MLflow compares them
+
+
+def _update_latest(run: Run, points: list[Metric]) -> None:
+    """One upsert: each key's latest point of this batch replaces the stored one if it is later (by step,
+    then timestamp, then stored value, as MLflow orders them)."""
+    best: dict[str, Metric] = {}
+    for point in points:
+        if point.key not in best or _order_key(point) >= _order_key(best[point.key]):
+            best[point.key] = point
+    table = LatestMetric._meta.db_table
+    values = ", ".join(["(%s, %s, %s, %s, %s, %s)"] * len(best))
+    args = [a for p in best.values() for a in (run.pk, p.key, p.value, p.timestamp, p.step, p.is_nan)]
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"INSERT INTO {table} (run_id, key, value, timestamp, step, is_nan) VALUES {values} "
+            f"ON CONFLICT (run_id, key) DO UPDATE SET value = EXCLUDED.value, timestamp = EXCLUDED.timestamp, "
+            f"step = EXCLUDED.step, is_nan = EXCLUDED.is_nan WHERE (EXCLUDED.step, EXCLUDED.timestamp, "
+            f"EXCLUDED.value) >= ({table}.step, {table}.timestamp, {table}.value)", args)
+
+
+def _check_active(run: Run) -> None:
+    if run.lifecycle_stage != LifecycleStage.ACTIVE:
+        raise invalid(f"The run {run.run_id} must be in the 'active' state. Current state is "
+                      f"{run.lifecycle_stage}.")
+
+
+def _experiment_id(value) -> int:
+    try:
+        number = int(str(value))
+    except (TypeError, ValueError):
+        raise invalid(f"Invalid experiment ID '{value}'. Experiment ID must be a valid integer.") from None
+    if not 0 <= number <= 2**63 - 1:
+        raise invalid(f"Invalid experiment ID '{value}'. Experiment ID must be a valid integer.")
+    return number
+
+
+def _list(value, path: str) -> list:
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise invalid(f"Invalid value {value!r:.200} for parameter '{path}' supplied: expected a list.")
+    return value
+
+
+def _dict(value, path: str) -> dict:
+    if not isinstance(value, dict):
+        raise invalid(f"Invalid value {value!r:.200} for parameter '{path}' supplied: expected an object.")
+    return value
+
+
+def _saved_user(actor: Actor):
+    return actor.user
+
+
+_ADJECTIVES = ("bright", "calm", "clever", "bold", "gentle", "quick", "quiet", "sunny", "swift", "wise")
+_NOUNS = ("fox", "owl", "crane", "otter", "hawk", "lynx", "heron", "wolf", "koi", "finch")
+
+
+def _random_name() -> str:
+    return f"{random.choice(_ADJECTIVES)}-{random.choice(_NOUNS)}-{random.randint(100, 999)}"
