@@ -75,6 +75,8 @@ def _api(ctx: click.Context) -> Api:
         raise click.ClickException("Set MMT_API_TOKEN, or MMT_API_TOKEN_FILE to a file holding your API token "
                                    "(Project settings → Project tokens → Issue personal token).")
     root.obj = Api(settings["api_url"], token)
+    # The command's connections end with it, also when it runs inside another program (a script, a test).
+    root.call_on_close(root.obj.session.close)
     return root.obj
 
 
