@@ -80,3 +80,42 @@ def run_periodic() -> None:
     from django.core.management import call_command
 
     call_command("mado_periodic", "--once", stdout=StringIO())
+
+
+def close_mlflow_connections() -> None:
+    """The MLflow client keeps its HTTP sessions (keep-alive connections) for the life of the process, so
+    the live server keeps a thread, and that thread its database session, per connection: close them at a
+    test's end, or a later test's check that no database session is left waits for nothing."""
+    import gc
+
+    import requests
+    from mlflow.utils import request_utils
+
+    request_utils._cached_get_request_session.cache_clear()
+    for thing in gc.get_objects():
+        if isinstance(thing, requests.Session):
+            thing.close()
+
+
+def database_now():
+    """The database's clock, to compare with pg_stat_activity's times."""
+    from django.db import connection
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT clock_timestamp()")
+        return cursor.fetchone()[0]
+
+
+def other_sessions(since=None) -> list:
+    """Database sessions of the live server and agents, other than the test's own connection. With `since`,
+    a session idle since before then is left out: another test's keep-alive connection (its client kept it
+    open), which holds no lock and answers nothing of this test, so waiting for it would wait for nothing."""
+    from django.db import connection
+    query = ("SELECT pid, state, left(query, 80) FROM pg_stat_activity "
+             "WHERE datname = current_database() AND pid <> pg_backend_pid()")
+    params: list = []
+    if since is not None:
+        query += " AND (state <> 'idle' OR state_change >= %s)"
+        params.append(since)
+    with connection.cursor() as cursor:
+        cursor.execute(query, params)
+        return cursor.fetchall()

@@ -30,7 +30,8 @@ from django.core.management import call_command
 from computers.models import ComputeTarget
 from jobs.models import Job
 from mado.models import ApiToken, ServiceAccount
-from tests.agent_e2e_jobs.conftest import CLAIM_WAIT, WorkerProcess, other_sessions, wait_until
+from tests.agent_e2e_jobs.conftest import CLAIM_WAIT, WorkerProcess, wait_until
+from tests.support import database_now, other_sessions
 from tests.browser import chromium_page, sign_in  # noqa: F401  (chromium_page: fixture)
 from tests.support import kill_processes_under
 
@@ -104,6 +105,7 @@ class DemoWorld:
 
 @pytest.fixture
 def demo_world(transactional_db, live_server, settings, tmp_path):
+    since = database_now()  # sessions idle since before this are other tests' (support.other_sessions)
     var = tmp_path / "var"
     settings.VAR_DIR = var
     settings.DEV_MODE = True  # MADO_DEV_MODE=true, as `make run` sets for `manage.py demo` and the server
@@ -132,9 +134,9 @@ def demo_world(transactional_db, live_server, settings, tmp_path):
         worker.stop()
         kill_processes_under(str(var / "local-jobs"))
         try:
-            wait_until(lambda: not other_sessions(), timeout=CLAIM_WAIT + 15, interval=0.1)
+            wait_until(lambda: not other_sessions(since), timeout=CLAIM_WAIT + 15, interval=0.1)
         except AssertionError:
-            raise AssertionError(f"database sessions still open: {other_sessions()}") from None
+            raise AssertionError(f"database sessions still open: {other_sessions(since)}") from None
 
 
 class TourWalk:

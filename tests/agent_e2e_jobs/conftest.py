@@ -26,7 +26,7 @@ from jobs import services as job_services
 from jobs.models import GpuReservation, Job, JobEvent, LogChunk
 from mado.services import Actor
 from tests.peers.sshd import Sshd, sshd, start_sshd  # noqa: F401  (sshd: the shared fixture)
-from tests.support import kill_all, processes_under
+from tests.support import database_now, kill_all, other_sessions, processes_under
 
 WORKER = str(Path(sys.executable).with_name("mado-tracking-worker"))
 CLAIM_WAIT = 2
@@ -201,23 +201,16 @@ class E2E:
 
 @pytest.fixture
 def e2e(transactional_db, live_server, world, sshd, tmp_path):
+    since = database_now()
     setup = E2E(live_server, world, sshd, tmp_path)
     yield setup
     setup.close()
     # The live server keeps a database connection per open HTTP connection and holds a long-poll until
-    # its wait ends: let them end, so that the test database can be dropped.
+    # its wait ends: let this test's end, so that the test database can be dropped.
     try:
-        wait_until(lambda: not other_sessions(), timeout=CLAIM_WAIT + 15, interval=0.1)
+        wait_until(lambda: not other_sessions(since), timeout=CLAIM_WAIT + 15, interval=0.1)
     except AssertionError:
-        raise AssertionError(f"database sessions still open: {other_sessions()}") from None
-
-
-def other_sessions() -> list:
-    from django.db import connection
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT pid, state, left(query, 80) FROM pg_stat_activity "
-                       "WHERE datname = current_database() AND pid <> pg_backend_pid()")
-        return cursor.fetchall()
+        raise AssertionError(f"database sessions still open: {other_sessions(since)}") from None
 
 
 # -- material for jobs ------------------------------------------------------------------------------

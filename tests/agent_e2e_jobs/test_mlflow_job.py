@@ -15,6 +15,7 @@ from computers.models import ComputeTarget
 from jobs import services as job_services
 from mado.services import Actor
 from tests.agent_e2e_jobs.conftest import TARGET_PYTHON
+from tests.support import close_mlflow_connections
 
 MLFLOW_REQUIREMENT = "mlflow-skinny==3.18.0\n"
 INSTALL_TIMEOUT = 900.0  # the job's venv installs mlflow-skinny and its dependencies from PyPI
@@ -73,14 +74,7 @@ def laptop(e2e):
     """The MLflow client of the test process keeps its HTTP sessions (and so the live server its database
     connections) open; close them before e2e's teardown checks that no session is left."""
     yield
-    import gc
-
-    from mlflow.utils import request_utils
-
-    request_utils._cached_get_request_session.cache_clear()
-    for thing in gc.get_objects():
-        if isinstance(thing, requests.Session):
-            thing.close()
+    close_mlflow_connections()
 
 
 @pytest.mark.parametrize("where", ["local", "ssh"])

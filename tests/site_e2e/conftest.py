@@ -30,8 +30,7 @@ from sites.models import LauncherKey, Submission
 from tests.peers.sshd import sshd  # noqa: F401  (session fixture)
 from tests.site_agent.conftest import authorize, known_hosts_text
 from tests.site_agent.site_world import launcher_for, registered, server  # noqa: F401  (fixtures)
-from tests.site_runner.conftest import other_sessions
-from tests.support import kill_processes_under, wait_for
+from tests.support import database_now, kill_processes_under, other_sessions, wait_for
 
 SLURM_PREFIX = 'export SLURM_CONF="$MMT_VAR_SLURM_CONF"  # this cluster\'s configuration\n'
 GRIDENGINE_PREFIX = 'export SGE_ROOT="$MMT_VAR_SGE_ROOT" SGE_CELL="$MMT_VAR_SGE_CELL"  # this cell\n'
@@ -110,6 +109,7 @@ class Site:
         self.launcher_token = launcher_token
         self.work_dir = work_dir
         self.jobs: list[int] = []
+        self.since = database_now()  # sessions idle since before this are other tests' (support.other_sessions)
 
     def job(self, code: str, **fields) -> Job:
         """A python-runtime Job running `python -c code`, created by alice as in the Jobs page."""
@@ -212,7 +212,8 @@ def settle(site: Site, cancel, in_queue, timeout: float = 60) -> None:
     site.kill_leftovers()
     if site.agent is not None:
         site.agent.close()
-    wait_for(lambda: not other_sessions(), timeout=20, interval=0.1, what="the live server's database sessions")
+    wait_for(lambda: not other_sessions(site.since), timeout=20, interval=0.1,
+             what="the live server's database sessions")
 
 
 @pytest.fixture

@@ -34,7 +34,7 @@ from mado.services import Actor
 from sites import services as site_services
 from sites import submissions
 from tests.sites.conftest import host_keys, launcher, site_fields  # noqa: F401  (fixtures)
-from tests.support import kill_processes_under, wait_for
+from tests.support import database_now, kill_processes_under, other_sessions, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 BUNDLE = ("worker_agent/__init__.py", "worker_agent/supervisor.py", "worker_agent/runtimes.py",
@@ -244,17 +244,11 @@ def site_work_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture
 def site(transactional_db, live_server, world, site_fields, launcher, site_work_dir, tmp_path):  # noqa: F811
+    since = database_now()
     setup = SiteRunner(live_server, world, site_fields, launcher, site_work_dir, tmp_path)
     yield setup
     setup.close()
-    # The live server holds a database connection per open HTTP connection: let them end, so the test
-    # database can be flushed.
-    wait_for(lambda: not other_sessions(), timeout=20, interval=0.1, what="the live server's database sessions")
-
-
-def other_sessions() -> list:
-    from django.db import connection
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
-                       "AND pid <> pg_backend_pid()")
-        return cursor.fetchall()
+    # The live server holds a database connection per open HTTP connection: let this test's end, so the
+    # test database can be flushed.
+    wait_for(lambda: not other_sessions(since), timeout=20, interval=0.1,
+             what="the live server's database sessions")

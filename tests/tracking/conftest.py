@@ -6,6 +6,7 @@ import pytest
 from jobs import services as job_services
 from mado.services import Actor
 from tests.job_fixtures import JobWorker, gpu_computer, job_request
+from tests.support import close_mlflow_connections
 
 
 @pytest.fixture
@@ -28,6 +29,7 @@ def mlflow_env(live_server, monkeypatch):
     yield use
     while mlflow.active_run():
         mlflow.end_run()
+    close_mlflow_connections()
 
 
 @pytest.fixture
