@@ -93,7 +93,8 @@ def close_mlflow_connections() -> None:
 
     request_utils._cached_get_request_session.cache_clear()
     for thing in gc.get_objects():
-        if isinstance(thing, requests.Session):
+        # type(), not isinstance(): a dead weak proxy among the objects raises on any attribute access.
+        if issubclass(type(thing), requests.Session):
             thing.close()
 
 

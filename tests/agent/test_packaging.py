@@ -11,11 +11,13 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def test_pip_install_with_telemetry_into_a_fresh_venv_gives_the_command(tmp_path):
-    # The distribution is pyproject.toml + worker_agent/: copy them, so the build leaves nothing in the checkout.
+    # The distribution is pyproject.toml + worker_agent/ + mado_tracking/ (the SDK): copy them, so the build
+    # leaves nothing in the checkout.
     source = tmp_path / "src"
     source.mkdir()
     shutil.copy(REPO / "pyproject.toml", source)
-    shutil.copytree(REPO / "worker_agent", source / "worker_agent", ignore=shutil.ignore_patterns("__pycache__"))
+    for package in ("worker_agent", "mado_tracking"):
+        shutil.copytree(REPO / package, source / package, ignore=shutil.ignore_patterns("__pycache__"))
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     pip = subprocess.run([str(venv / "bin/pip"), "install", "--disable-pip-version-check", "-q",
@@ -39,6 +41,7 @@ def test_pip_install_with_telemetry_into_a_fresh_venv_gives_the_command(tmp_path
     imported = subprocess.run([str(venv / "bin/python"), "-c",
                                "import importlib, sys\n"
                                f"for m in {modules!r}: importlib.import_module('worker_agent.' + m)\n"
+                               "import mado_tracking\n"
                                "print(any(name.split('.')[0] == 'django' for name in sys.modules))"],
                               capture_output=True, text=True)
     assert imported.stdout.strip() == "False", imported.stderr
