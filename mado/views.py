@@ -14,7 +14,7 @@ from django.contrib.auth.models import User
 from django.core.exceptions import PermissionDenied
 from django.db.models import Count, Prefetch, Q
 from django.shortcuts import get_object_or_404, redirect, render
-from django.urls import reverse
+from django.urls import Resolver404, reverse
 from django.utils import timezone
 from django.utils.translation import gettext as _
 from django.utils.translation import ngettext
@@ -384,7 +384,9 @@ def sign_in_locked_out(request, original_response=None, credentials=None):
 def not_found(request, exception=None):
     if request.path.startswith("/api/"):
         return json_not_found(request, exception)
-    return render(request, "404.html", {"message": str(exception or "")}, status=404)
+    # A path that matches no URL carries the resolver's list of every pattern: never shown.
+    message = "" if isinstance(exception, Resolver404) else str(exception or "")
+    return render(request, "404.html", {"message": message}, status=404)
 
 
 def bad_request(request, exception=None):

@@ -458,3 +458,12 @@ def test_tokens_of_a_disabled_service_account_show_as_unusable_without_revoke(cl
     client.cookies["django_language"] = "ja"
     page = html(client.get(sa_url("project-tokens")))
     assert "無効（Service Account）" in page.split(f'data-token-prefix="{prefix}"')[1].split("</tr>")[0]
+
+
+def test_a_page_address_that_does_not_exist_says_not_found_without_listing_the_servers_urls(client, world):
+    signed_in(client, world.member)
+    response = client.get("/settings/computers/add")
+    assert response.status_code == 404
+    page = html(response)
+    assert "There is nothing here that you can see." in page
+    assert "tried" not in page and "URLResolver" not in page and "admin/" not in page.split("<main>")[1]
