@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from contextlib import contextmanager
 
 
 def wait_for(predicate, timeout: float = 15.0, interval: float = 0.05, what: str = "condition"):
@@ -82,20 +83,30 @@ def run_periodic() -> None:
     call_command("mado_periodic", "--once", stdout=StringIO())
 
 
-def close_mlflow_connections() -> None:
-    """The MLflow client keeps its HTTP sessions (keep-alive connections) for the life of the process, so
-    the live server keeps a thread, and that thread its database session, per connection: close them at a
-    test's end, or a later test's check that no database session is left waits for nothing."""
-    import gc
-
-    import requests
+@contextmanager
+def mlflow_sessions_closed():
+    """The MLflow client keeps its HTTP sessions (keep-alive connections) in a process-wide cache, so the
+    live server keeps a thread, and that thread its database session, per connection. Inside this block
+    the sessions the client opens are noted; at its end they are closed and the cache forgotten, or a later
+    test's check that no database session is left would wait for nothing."""
     from mlflow.utils import request_utils
 
-    request_utils._cached_get_request_session.cache_clear()
-    for thing in gc.get_objects():
-        # type(), not isinstance(): a dead weak proxy among the objects raises on any attribute access.
-        if issubclass(type(thing), requests.Session):
-            thing.close()
+    opened = []
+    original = request_utils._get_request_session
+
+    def noting(*args, **kwargs):
+        session = original(*args, **kwargs)
+        opened.append(session)
+        return session
+
+    request_utils._get_request_session = noting
+    try:
+        yield
+    finally:
+        request_utils._get_request_session = original
+        request_utils._cached_get_request_session.cache_clear()
+        for session in opened:
+            session.close()
 
 
 def database_now():

@@ -15,7 +15,7 @@ from computers.models import ComputeTarget
 from jobs import services as job_services
 from mado.services import Actor
 from tests.agent_e2e_jobs.conftest import TARGET_PYTHON
-from tests.support import close_mlflow_connections
+from tests.support import mlflow_sessions_closed
 
 MLFLOW_REQUIREMENT = "mlflow-skinny==3.18.0\n"
 INSTALL_TIMEOUT = 900.0  # the job's venv installs mlflow-skinny and its dependencies from PyPI
@@ -73,8 +73,8 @@ def _run_mlflow_job(e2e, computer, mark: str):
 def laptop(e2e):
     """The MLflow client of the test process keeps its HTTP sessions (and so the live server its database
     connections) open; close them before e2e's teardown checks that no session is left."""
-    yield
-    close_mlflow_connections()
+    with mlflow_sessions_closed():
+        yield
 
 
 @pytest.mark.parametrize("where", ["local", "ssh"])

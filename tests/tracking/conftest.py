@@ -6,7 +6,7 @@ import pytest
 from jobs import services as job_services
 from mado.services import Actor
 from tests.job_fixtures import JobWorker, gpu_computer, job_request
-from tests.support import close_mlflow_connections
+from tests.support import mlflow_sessions_closed
 
 
 @pytest.fixture
@@ -26,10 +26,10 @@ def mlflow_env(live_server, monkeypatch):
     def use(token: str):
         monkeypatch.setenv("MLFLOW_TRACKING_TOKEN", token)
 
-    yield use
-    while mlflow.active_run():
-        mlflow.end_run()
-    close_mlflow_connections()
+    with mlflow_sessions_closed():
+        yield use
+        while mlflow.active_run():
+            mlflow.end_run()
 
 
 @pytest.fixture
