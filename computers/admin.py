@@ -4,20 +4,8 @@ computers are enabled or disabled through the same services as the Computers pag
 from django.contrib import admin
 
 from computers import services
-from computers.choices import Kind
 from computers.models import ComputeGroup, ComputeTarget, ConnectionCheck, DirectoryRead
 from mado.admin import ReadOnlyAdmin, ServiceActionMixin
-
-
-def _set_enabled(actor, target: ComputeTarget, enabled: bool) -> None:
-    """What the Enable/Disable button of the Computers page does: a site's paths live in its site
-    settings, so a site goes through the sites service."""
-    if target.kind == Kind.SITE:
-        from sites import services as site_services
-
-        site_services.update_site(actor, target, {"enabled": enabled})
-    else:
-        services.set_enabled(actor, target, enabled)
 
 
 @admin.register(ComputeTarget)
@@ -35,12 +23,12 @@ class ComputeTargetAdmin(ServiceActionMixin, ReadOnlyAdmin):
 
     @admin.action(description="Disable the selected computers (running Jobs go on; no new ones start)")
     def disable(self, request, queryset):
-        self.apply_service(request, queryset, lambda actor, target: _set_enabled(actor, target, False),
+        self.apply_service(request, queryset, lambda actor, target: services.set_enabled(actor, target, False),
                            done="Disabled {count} computer(s).")
 
     @admin.action(description="Enable the selected computers")
     def enable(self, request, queryset):
-        self.apply_service(request, queryset, lambda actor, target: _set_enabled(actor, target, True),
+        self.apply_service(request, queryset, lambda actor, target: services.set_enabled(actor, target, True),
                            done="Enabled {count} computer(s).")
 
 

@@ -15,7 +15,7 @@ from django.utils import timezone
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy
 
-from computers import locks
+from computers import kinds, locks
 from computers.choices import (
     CHECK_ITEM_KEYS,
     RESOLUTIONS,
@@ -91,6 +91,9 @@ def register_computer(actor: Actor, data: dict) -> ComputeTarget:
 def update_computer(actor: Actor, target: ComputeTarget, changes: dict) -> ComputeTarget:
     from computers import access
 
+    handlers = kinds.handlers_for(target.kind)
+    if handlers is not None:  # a kind of a higher app (a site): its own fields and rules
+        return handlers.update(actor, target, changes)
     if actor.user is not None and not access.can_manage(actor.user, target):
         raise Forbidden(_("Only the computer's owner and global administrators can change it."), "not_owner")
     unknown = sorted(set(changes) - set(EDITABLE_FIELDS))

@@ -24,7 +24,7 @@ from django.utils.translation import gettext_lazy
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 from django_htmx.http import HttpResponseStopPolling, push_url, reswap, retarget
 
-from computers import access, locks, services
+from computers import access, kinds, locks, services
 from computers.choices import (
     CHECK_ITEM_LABELS,
     RESOLUTIONS,
@@ -53,8 +53,6 @@ from mado.errors import ServiceError
 from mado.forms import add_service_error as shared_add_service_error
 from mado.services import Actor
 from mado.validation import BIGINT_MAX, as_int
-from sites import services as site_services
-from sites import views as site_views
 
 POLL = "every 1s"
 MULTI_VALUED = ("runtimes", "gpu_detected")
@@ -118,8 +116,9 @@ def _list_context(request) -> dict:
 
 
 def _details_context(request, target: ComputeTarget, **extra) -> dict:
-    if target.kind == Kind.SITE:
-        return site_views.site_details_context(request, target, **extra)
+    handlers = kinds.handlers_for(target.kind)
+    if handlers is not None:
+        return handlers.details_context(request, target, **extra)
     user = request.user
     manageable = access.can_manage(user, target)
     succeeded = _last_succeeded(target)
@@ -153,10 +152,7 @@ def computer_set_enabled(request, pk):
     target = access.managed_for(request.user, pk)
     enabled = request.POST.get("enabled") == "1"
     try:
-        if target.kind == Kind.SITE:  # a site's paths live in its site settings
-            site_services.update_site(Actor.from_request(request), target, {"enabled": enabled})
-        else:
-            services.set_enabled(Actor.from_request(request), target, enabled)
+        services.set_enabled(Actor.from_request(request), target, enabled)
     except ServiceError as error:
         message = error.message
         if error.code == "invalid_computer" and set(error.fields) <= set(PATH_FIELDS):
@@ -234,7 +230,7 @@ def computer_add(request):
     if kind in (Kind.SSH, Kind.LOCAL) and not access.can_add(request.user, Kind.SSH):
         raise PermissionDenied(_("Only global administrators can add SSH and Local computers."))
     if not access.can_add(request.user, Kind.SSH) or kind == Kind.SITE:
-        return site_views.add_site(request)
+        return kinds.handlers_for(Kind.SITE).add_view(request)
     workers = access.workers_to_choose(request.user)
     if request.method == "GET" or _action(request) == "refresh":
         initial = initial_from(request.POST) if request.method == "POST" else {}

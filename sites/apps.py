@@ -5,8 +5,13 @@ class SitesConfig(AppConfig):
     name = "sites"
 
     def ready(self):
+        from computers import kinds
+        from computers.choices import Kind
         from mado import periodic
-        from sites import checks, submissions
+        from sites import checks, services, submissions, views
+
+        kinds.register(Kind.SITE, kinds.KindHandlers(update=services.update_site, add_view=views.add_site,
+                                                     details_context=views.site_details_context))
 
         # Site deadlines (submit_failed, queue_timeout) and site check expiry, while nobody looks.
         periodic.register("sites.expire_overdue", lambda: submissions.expire_overdue(force=True), every_seconds=5)

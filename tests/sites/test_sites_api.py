@@ -87,6 +87,22 @@ def test_only_the_owner_and_global_admins_patch_a_site(world, make_site):
     assert response.status_code == 200 and response.json()["enabled"] is False
 
 
+def test_the_computers_api_enables_and_disables_a_site_as_the_sites_api_does(world, make_site):
+    """PATCH /api/computers/{id} on a site goes through the site's own rules (it answered 422 for
+    `enabled` before, asking for a working directory that a site keeps in its site settings)."""
+    target = make_site(world.member)
+    owner = session(world.member)
+    response = owner.patch(f"/api/computers/{target.pk}", {"enabled": False}, format="json")
+    assert response.status_code == 200, response.content
+    assert owner.get(f"/api/sites/{target.pk}").json()["enabled"] is False
+    response = owner.patch(f"/api/computers/{target.pk}", {"enabled": True}, format="json")
+    assert response.status_code == 200 and response.json()["enabled"] is True
+    assert_error(owner.patch(f"/api/computers/{target.pk}", {"python_path": "/usr/bin/python3", "shell": 1},
+                             format="json"), 422, "read_only_fields")
+    assert_error(session(world.outsider).patch(f"/api/computers/{target.pk}", {"enabled": False}, format="json"),
+                 404)
+
+
 def test_saving_a_job_shell_answers_201_for_a_new_version_and_200_when_identical(world, make_site):
     target = make_site(world.member)
     content = "mmt_submit() { :; }\nmmt_cancel() { :; }\n"
