@@ -436,6 +436,20 @@ def _on_sigterm(signum, frame) -> None:
         os.kill(os.getpid(), signal.SIGTERM)
 
 
+def _after_fork_in_child() -> None:
+    """A forked child (a DataLoader worker, a multiprocessing pool) has a copy of the parent's buffer but no
+    sender thread, and perhaps a copy of a lock some thread held: the buffered points are the parent's to
+    send. The child starts with no active Run, so its exit and its SIGTERM neither send nor report them;
+    if it logs itself, it continues (inside a job) the Job's Run with a sender of its own."""
+    global _active, _lock
+    _lock = threading.RLock()
+    _active = None
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 def _install_hooks() -> None:
     global _hooks_installed, _previous_sigterm
     if _hooks_installed:

@@ -4,12 +4,16 @@ start again (the server away mid-run):
 - `mado_server`: this project's Django server (`manage.py runserver`) on the pytest-django test database
   (PostgreSQL), its MLflow-compatible API at `<url>/mlflow`, with a personal token (read, runs:write).
 - `mlflow_server`: the real MLflow tracking server from PyPI (`mlflow server --serve-artifacts`), a peer that
-  speaks the same protocol. It is not a dependency of this repository: it runs from its own venv, found at
-  $MADO_TEST_MLFLOW_SERVER or /tmp/mlflow-venv/bin/mlflow (`python3 -m venv /tmp/mlflow-venv &&
-  /tmp/mlflow-venv/bin/pip install mlflow`); the tests that need it are skipped when it is not installed."""
+  speaks the same protocol. It is not a dependency of this repository: it runs from its own venv,
+  /tmp/mado-test-mlflow-venv ($MADO_TEST_MLFLOW_VENV), which the first run makes with `pip install
+  mlflow==<the version of mlflow-skinny in requirements.txt>` (under a file lock, so concurrent pytest
+  processes install it once) and later runs reuse. $MADO_TEST_MLFLOW_SERVER names another `mlflow`
+  executable instead. When PyPI cannot be reached the tests fail saying so; they are never skipped."""
 from __future__ import annotations
 
+import fcntl
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -23,7 +27,74 @@ from django.conf import settings as django_settings
 from tests.support import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
-MLFLOW = os.environ.get("MADO_TEST_MLFLOW_SERVER", "/tmp/mlflow-venv/bin/mlflow")
+MLFLOW_VENV = Path(os.environ.get("MADO_TEST_MLFLOW_VENV", "/tmp/mado-test-mlflow-venv"))
+PIP_TIMEOUT = 1200  # a cold install downloads MLflow and its dependencies (~100 MB) on a busy machine
+
+
+def mlflow_version() -> str:
+    """The server is the release of the client this repository pins (mlflow-skinny in requirements.txt)."""
+    found = re.search(r"^mlflow-skinny==(\S+)", (ROOT / "requirements.txt").read_text(), re.MULTILINE)
+    assert found, "requirements.txt pins no mlflow-skinny==<version>"
+    return found.group(1)
+
+
+def ensure_mlflow_server() -> str:
+    """The `mlflow` executable of the real server: $MADO_TEST_MLFLOW_SERVER, or the cached venv, made once."""
+    given = os.environ.get("MADO_TEST_MLFLOW_SERVER")
+    if given:
+        assert os.access(given, os.X_OK), f"MADO_TEST_MLFLOW_SERVER={given} is not an executable"
+        return given
+    version = mlflow_version()
+    mlflow = MLFLOW_VENV / "bin" / "mlflow"
+    ready = MLFLOW_VENV / f".installed-mlflow-{version}"  # written last: a half-made venv is made again
+    if ready.exists():
+        return str(mlflow)
+    MLFLOW_VENV.parent.mkdir(parents=True, exist_ok=True)
+    with open(f"{MLFLOW_VENV}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # another pytest process may be installing it right now
+        if not ready.exists():
+            _install_mlflow(version)
+            ready.touch()
+    return str(mlflow)
+
+
+def _install_mlflow(version: str) -> None:
+    base = getattr(sys, "_base_executable", sys.executable)  # not this repository's venv
+    subprocess.run([base, "-m", "venv", "--clear", str(MLFLOW_VENV)], check=True, capture_output=True)
+    ran = _pip(f"mlflow=={version}")
+    if ran.returncode != 0 and f"found for mlflow-tracing=={version}" in ran.stdout + ran.stderr:
+        # mlflow pins mlflow-tracing to its own release, which an index may not carry yet; mlflow-skinny (pinned
+        # too) ships the same `mlflow.tracing` modules, so the server runs without it.
+        ran = _pip("--no-deps", f"mlflow=={version}")
+        if ran.returncode == 0:
+            ran = _pip(*_requirements_of_mlflow(without="mlflow-tracing"))
+    if ran.returncode != 0:
+        said = (ran.stdout + ran.stderr).strip()
+        unreachable = any(sign in said for sign in (
+            "NewConnectionError", "Failed to establish", "Temporary failure in name resolution", "ConnectTimeout",
+            "Max retries exceeded"))
+        hint = ("PyPI could not be reached: give this machine access to https://pypi.org (or a mirror in pip's "
+                "config), " if unreachable else "")
+        pytest.fail(f"Installing the real MLflow server (mlflow=={version}) into {MLFLOW_VENV} failed (pip exit "
+                    f"code {ran.returncode}). {hint}or set MADO_TEST_MLFLOW_SERVER to an `mlflow` executable of that "
+                    f"release. pip said:\n{said[-3000:]}", pytrace=False)
+
+
+def _pip(*args: str) -> subprocess.CompletedProcess:
+    argv = [str(MLFLOW_VENV / "bin" / "python"), "-m", "pip", "install", "--disable-pip-version-check", "--no-input",
+            "-q", *args]
+    try:
+        return subprocess.run(argv, capture_output=True, text=True, timeout=PIP_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"`pip install {' '.join(args)}` into {MLFLOW_VENV} took over {PIP_TIMEOUT} s: is PyPI "
+                    "reachable from here?", pytrace=False)
+
+
+def _requirements_of_mlflow(without: str) -> list[str]:
+    listed = subprocess.run([str(MLFLOW_VENV / "bin" / "python"), "-c",
+                             "import importlib.metadata as m; print(\"\\n\".join(m.requires('mlflow')))"],
+                            capture_output=True, text=True, check=True).stdout.splitlines()
+    return [r for r in listed if "extra ==" not in r and not re.match(rf"{re.escape(without)}\b", r)]
 
 
 def free_port() -> int:
@@ -114,12 +185,10 @@ class ServerProcess:
 
 @pytest.fixture(scope="session")
 def mlflow_server(tmp_path_factory):
-    if not os.access(MLFLOW, os.X_OK):
-        pytest.skip(f"the real MLflow server is not installed at {MLFLOW} (python3 -m venv /tmp/mlflow-venv && "
-                    "/tmp/mlflow-venv/bin/pip install mlflow, or set MADO_TEST_MLFLOW_SERVER)")
+    mlflow = ensure_mlflow_server()
     base = tmp_path_factory.mktemp("mlflow")
     port = free_port()
-    argv = [MLFLOW, "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
+    argv = [mlflow, "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
             "--backend-store-uri", f"sqlite:///{base}/mlflow.db", "--serve-artifacts",
             "--artifacts-destination", str(base / "artifacts")]
     env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}

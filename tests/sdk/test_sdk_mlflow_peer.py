@@ -1,6 +1,6 @@
 """The SDK against the real MLflow tracking server from PyPI (`mlflow server`), a peer of the same protocol
 as this project's `<server>/mlflow` API. Needs: the MLflow server installed outside this repository
-(tests/sdk/conftest.py says where; skipped otherwise)."""
+(tests/sdk/conftest.py installs it once into a cached venv)."""
 import pytest
 
 from tests.sdk.cases import *  # noqa: F401,F403  (the SDK's tests, written once)
