@@ -8,7 +8,7 @@ from rest_framework import exceptions
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from jobs import access, outputs, services, waiting
+from jobs import access, executors, outputs, services, waiting
 from jobs.choices import JobStatus, Stream
 from jobs.models import Job
 from jobs.serializers import (
@@ -26,7 +26,6 @@ from mado.choices import Role, Scope
 from mado.services import Actor
 from mado.validation import BIGINT_MAX, as_int
 from datasets.services import PREFETCH_JOB_INPUTS
-from sites.submissions import submission_summary
 
 LOG_PAGE = 500
 JOB_PAGE = 200
@@ -94,7 +93,9 @@ class JobView(APIView):
     def get(self, request, pk):
         job = _job(request, pk)
         body = job_body(request.user, job)
-        body["submission"] = submission_summary(job, request.user)  # site Jobs: scheduler id, job shell version; else null
+        executor = executors.executor_for(job.target.kind if job.target_id else None)
+        # site Jobs: scheduler id, job shell version; else null
+        body["submission"] = executor.summary(job, request.user) if executor else None
         return Response(body)
 
 

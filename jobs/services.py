@@ -23,7 +23,7 @@ from computers import access as computer_access
 from computers.choices import Runtime
 from computers.models import ComputeGroup, ComputeTarget
 from datasets import services as dataset_services
-from jobs import access, cluster, hooks, outputs
+from jobs import access, cluster, executors, hooks, outputs
 from jobs.choices import (
     HELD_STATUSES,
     MAIN_REPLICA,
@@ -41,7 +41,6 @@ from mado.choices import Role
 from mado.errors import Conflict, Forbidden, ServiceError
 from mado.services import SYSTEM, Actor, audit
 from mado.validation import BIGINT_MAX, INT32_MAX, INT32_MIN, as_int
-from sites import shells as site_shells
 from workers.longpoll import notify
 from workers.models import Worker
 
@@ -90,10 +89,9 @@ def create_job(actor: Actor, project, data: dict) -> Job:
                      **_cluster_audit(job)})
         hooks.run_after_create(actor, job, data)  # e.g. notify_me (jobs.hooks); refusing rolls the Job back
     notify(JOBS_CHANNEL)
-    if job.target.kind == "site":
-        from sites.submissions import SITES_CHANNEL
-
-        notify(SITES_CHANNEL)  # wakes the launcher's long-poll
+    executor = executors.executor_for(job.target.kind)
+    if executor is not None:
+        executor.created(job)
     return job
 
 
@@ -110,17 +108,9 @@ def _clean_job(user, project, data: dict) -> tuple[dict, dict]:
         values["compute_group"] = cluster.find_group(data.get("compute_group"))
     else:
         target = _chosen_computer(user, data)
-    if target.kind == "site":
-        from sites.services import check_can_submit
-
-        check_can_submit(user, target)  # 422 site_account_required until My settings are saved
-        if target.site_settings.submission == "manual":
-            values["status"] = JobStatus.WAITING_MANUAL  # until its requester runs mado-tracking submit
-        if values["cluster_size"] > 1 and not site_shells.runs_clusters(target):
-            errors["cluster_size"] = [_("%(computer)s's job shell does not run cluster jobs (only a job shell that "
-                                        "defines mmt_supports_clusters, such as the Slurm template, starts one runner "
-                                        "per node); choose a Slurm site, an SSH computer or a compute group.")
-                                      % {"computer": target.name}]
+    executor = executors.executor_for(target.kind)
+    if executor is not None:
+        executor.validate(user, target, values, errors)
     values["target"] = target
     if runtime not in target.runtimes:
         errors["runtime"] = [
@@ -713,10 +703,8 @@ def request_stop(actor: Actor, job: Job) -> Job:
             _finish(job, JobStatus.CANCELED, EndReason.CANCELED)
             audit(actor, "job.complete", job, project=job.project,
                   after={"status": JobStatus.CANCELED, "end_reason": EndReason.CANCELED, "exit_code": None})
-        elif job.status in SITE_ACTIVE_STATUSES and job.target.kind == "site":
-            from sites import submissions
-
-            submissions.stop(actor, job)  # a scheduler cancellation, or the runner's next heartbeat
+        elif job.status in SITE_ACTIVE_STATUSES and executors.executor_for(job.target.kind) is not None:
+            executors.executor_for(job.target.kind).stop(actor, job)
     notify(JOBS_CHANNEL)
     return job
 

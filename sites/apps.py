@@ -7,11 +7,15 @@ class SitesConfig(AppConfig):
     def ready(self):
         from computers import kinds
         from computers.choices import Kind
+        from jobs import executors
         from mado import periodic
-        from sites import checks, services, submissions, views
+        from sites import checks, executor, services, submissions, views
 
         kinds.register(Kind.SITE, kinds.KindHandlers(update=services.update_site, add_view=views.add_site,
                                                      details_context=views.site_details_context))
+        # A stop reaches the site as a scheduler cancellation, or in the runner's next heartbeat.
+        executors.register(Kind.SITE, executors.Executor(validate=executor.validate, created=executor.created,
+                                                         stop=submissions.stop, summary=submissions.submission_summary))
 
         # Site deadlines (submit_failed, queue_timeout) and site check expiry, while nobody looks.
         periodic.register("sites.expire_overdue", lambda: submissions.expire_overdue(force=True), every_seconds=5)
