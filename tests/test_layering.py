@@ -1,0 +1,36 @@
+"""The layering of DESIGN §2, checked by import-linter on the real source: the server apps import only
+the layers below them (a lower app learns about a higher one by registration), and the agent and the
+SDK never import Django or a server app. The contracts live in .importlinter."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
+
+
+def lint_imports(config: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([str(LINT_IMPORTS), "--config", str(config), "--no-cache"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_every_import_keeps_to_the_layers_and_the_agent_stays_apart():
+    result = lint_imports(ROOT / ".importlinter")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "2 kept, 0 broken" in result.stdout, result.stdout
+
+
+def test_an_upward_import_breaks_the_contract(tmp_path):
+    """The checker sees an upward import: without one of the recorded exceptions, the contract breaks and
+    names the import (so the list of exceptions can only shrink)."""
+    config = (ROOT / ".importlinter").read_text()
+    recorded = "    computers.views -> datasets.models\n"
+    assert recorded in config
+    stricter = tmp_path / "importlinter.ini"
+    stricter.write_text(config.replace(recorded, ""))
+    result = lint_imports(stricter)
+    assert result.returncode != 0
+    assert "computers is not allowed to import datasets" in result.stdout
+    assert "computers.views -> datasets.models" in result.stdout
