@@ -15,7 +15,7 @@ from django.core.management import call_command
 from django.urls import reverse
 
 from computers.models import ComputeTarget, ConnectionCheck
-from mado.management.commands.demo import TARGET_IDS_FILE
+from demo.management.commands.demo import TARGET_IDS_FILE
 from tests.computer_fixtures import ScriptedWorker
 from worker_agent.config import parse_target_ids
 
