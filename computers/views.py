@@ -24,7 +24,7 @@ from django.utils.translation import gettext_lazy
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 from django_htmx.http import HttpResponseStopPolling, push_url, reswap, retarget
 
-from computers import access, kinds, locks, services
+from computers import access, kinds, locks, page_blocks, services
 from computers.choices import (
     CHECK_ITEM_LABELS,
     RESOLUTIONS,
@@ -46,7 +46,6 @@ from computers.forms import (
     gpu_label,
 )
 from computers.models import ComputeTarget, ConnectionCheck, DirectoryRead
-from datasets.models import DatasetCacheReport
 from mado import access as identity
 from mado.dialogs import dialog
 from mado.errors import ServiceError
@@ -132,7 +131,7 @@ def _details_context(request, target: ComputeTarget, **extra) -> dict:
         "machine": machine_summary(succeeded),
         "public_url": settings.PUBLIC_URL,
         "active_jobs": list(locks.active_jobs(target)[:5]) if manageable else [],
-        "dataset_cache": DatasetCacheReport.objects.filter(target=target).first(),
+        "details_blocks": page_blocks.render_details_blocks(request, target),
     }
     if manageable:
         latest = target.checks.select_related("requested_worker", "claimed_by").first()
