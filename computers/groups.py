@@ -6,6 +6,7 @@ from django import forms
 from django.db import transaction
 from django.utils.translation import gettext_lazy as _
 
+from computers import locks
 from computers.choices import Kind
 from computers.models import ComputeGroup, ComputeTarget
 from mado.errors import Conflict, Forbidden, ServiceError
@@ -77,11 +78,9 @@ def save_group(actor: Actor, data: dict, group: ComputeGroup | None = None) -> C
 
 def delete_group(actor: Actor, group: ComputeGroup) -> None:
     """Refused while its Jobs wait or run: they would lose the computers they are to be placed on."""
-    from jobs.choices import ACTIVE_STATUSES
-
     _check_admin(actor)
     with transaction.atomic():
-        active = list(group.jobs.filter(status__in=ACTIVE_STATUSES).values_list("pk", flat=True)[:5])
+        active = [job.pk for job in locks.active_group_jobs(group)[:5]]
         if active:
             raise Conflict(f"Jobs {', '.join(map(str, active))} use the compute group {group.name}; stop them or "
                            "wait until they end, then delete it.", "group_in_use")

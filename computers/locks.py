@@ -2,24 +2,32 @@
 settings stay as they are (seed 002 "Change or disable a target")."""
 from __future__ import annotations
 
-from django.apps import apps
-from django.db.models import Q
+from collections.abc import Callable
 
 LOCKED_FIELDS = ["kind", "host", "port", "ssh_user", "ssh_key_path", "known_hosts_path", "runtimes", "gpu_ids",
                  "dataset_transfer", "dataset_cache_limit_gib"]
 
 
-def active_jobs(target):
-    """Jobs that hold the computer. Empty until the jobs app defines Job."""
-    try:
-        job_model = apps.get_model("jobs", "Job")
-    except LookupError:
-        return []
-    from jobs.choices import ACTIVE_STATUSES
+# The jobs app says which of its Jobs hold a computer or a compute group (JobsConfig.ready()): computers
+# may not import jobs (DESIGN §2). Without it, nothing holds anything.
+_holders: dict[str, Callable] = {}
 
-    # A cluster job holds every computer one of its replicas runs on, not only main1's.
-    return job_model.objects.filter(Q(target=target) | Q(replicas__target=target),
-                                    status__in=ACTIVE_STATUSES).distinct()
+
+def register_holders(*, of_computer: Callable, of_group: Callable) -> None:
+    """of_computer(target) and of_group(group) -> a queryset of the active Jobs that hold it."""
+    _holders.update(computer=of_computer, group=of_group)
+
+
+def active_jobs(target):
+    """Jobs that hold the computer (queued, claimed, running, waiting)."""
+    holders = _holders.get("computer")
+    return holders(target) if holders else []
+
+
+def active_group_jobs(group):
+    """Jobs that are to be placed on the compute group's computers, or run there."""
+    holders = _holders.get("group")
+    return holders(group) if holders else []
 
 
 def locked_changes(target, changes: dict, jobs=None) -> list[str]:
