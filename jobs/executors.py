@@ -19,6 +19,12 @@ class Executor:
     stop: Callable
     # summary(job, user) -> dict | None: what GET /api/jobs/{id} shows as `submission`.
     summary: Callable
+    # The pages. manual_instructions(request, target, project) -> dict | None: how Jobs on `target` get
+    # submitted when their requester does it (None when nobody has to). submitter(job) -> str | None: who
+    # took the Job to run, in words. error_for(user, job) -> str: the Job's error as `user` may read it.
+    manual_instructions: Callable
+    submitter: Callable
+    error_for: Callable
 
 
 _registered: dict[str, Executor] = {}

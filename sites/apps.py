@@ -14,8 +14,10 @@ class SitesConfig(AppConfig):
         kinds.register(Kind.SITE, kinds.KindHandlers(update=services.update_site, add_view=views.add_site,
                                                      details_context=views.site_details_context))
         # A stop reaches the site as a scheduler cancellation, or in the runner's next heartbeat.
-        executors.register(Kind.SITE, executors.Executor(validate=executor.validate, created=executor.created,
-                                                         stop=submissions.stop, summary=submissions.submission_summary))
+        executors.register(Kind.SITE, executors.Executor(
+            validate=executor.validate, created=executor.created, stop=submissions.stop,
+            summary=submissions.submission_summary, manual_instructions=executor.manual_instructions,
+            submitter=executor.submitter, error_for=submissions.job_error_for))
 
         # Site deadlines (submit_failed, queue_timeout) and site check expiry, while nobody looks.
         periodic.register("sites.expire_overdue", lambda: submissions.expire_overdue(force=True), every_seconds=5)

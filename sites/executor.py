@@ -4,8 +4,9 @@ from __future__ import annotations
 from django.utils.translation import gettext as _
 
 from jobs.choices import JobStatus
-from sites import shells
+from sites import shells, views
 from sites.choices import SubmissionMethod
+from sites.models import SiteSettings, Submission
 from sites.services import check_can_submit
 from sites.submissions import SITES_CHANNEL
 from workers.longpoll import notify
@@ -24,3 +25,20 @@ def validate(user, target, values: dict, errors: dict) -> None:
 
 def created(job) -> None:
     notify(SITES_CHANNEL)  # wakes the launcher's long-poll
+
+
+def manual_instructions(request, target, project) -> dict | None:
+    """The "Submit manually" block of a manual site (seed 003), for the Jobs pages."""
+    if not SiteSettings.objects.filter(target=target, submission=SubmissionMethod.MANUAL).exists():
+        return None
+    return views.manual_instructions(request, target, project)
+
+
+def submitter(job) -> str | None:
+    """Who submitted the Job: the launcher, or the person whose `mado-tracking submit` did."""
+    submission = Submission.objects.filter(job=job).select_related("launcher", "submitted_by").first()
+    if submission is not None and submission.launcher is not None:
+        return _("launcher %(name)s") % {"name": submission.launcher.name}
+    if submission is not None and submission.submitted_by is not None:
+        return _("%(user)s with mado-tracking submit") % {"user": submission.submitted_by.get_username()}
+    return None
