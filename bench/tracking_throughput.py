@@ -6,9 +6,13 @@ server, both on the same PostgreSQL, with the same client workloads, measured in
 - one `log_metric` call (median of `--calls`, default 200; for the SDK: `log_metric` + `flush()`);
 - `get_metric_history` of the N-point series;
 - the baseline of our own storage: the same N rows written straight into our metric table (psycopg COPY,
-  and the Django ORM's bulk_create in batches of 1000), without HTTP, authentication or validation.
+  and the Django ORM's bulk_create in batches of 1000), without HTTP, authentication or validation;
+- the floor the MLflow client sets: its log_batch, log_metric and get_metric_history against a stub server
+  (another process) that answers every call at once with a canned answer. No server gets more through
+  this client on this machine: with 100,000 points its get_metric_history spends seconds parsing the answer.
 
     .venv/bin/python bench/tracking_throughput.py [--points 100000] [--calls 200] [--server gunicorn|runserver]
+    .venv/bin/python bench/tracking_throughput.py --quick   # 20,000 points, 50 calls: a try in about a minute
 
 Our server runs as docs/deployment.md recommends (gunicorn, gthread, 2 processes x 8 threads, MADO_DEBUG=false,
 PostgreSQL). gunicorn is not in requirements.txt, so the benchmark installs it with `pip --target` into
@@ -76,7 +80,13 @@ def main() -> None:
                         help="how our server runs (default: gunicorn as docs/deployment.md recommends)")
     parser.add_argument("--servers", default="ours,mlflow",
                         help="ours,mlflow (default) or one of them, for a quick try")
+    parser.add_argument("--quick", action="store_true",
+                        help="a quick try: 20,000 points and 50 calls unless --points/--calls say otherwise")
     args = parser.parse_args()
+    if args.quick:
+        defaults = {a.dest: a.default for a in parser._actions}
+        args.points = 20_000 if args.points == defaults["points"] else args.points
+        args.calls = 50 if args.calls == defaults["calls"] else args.calls
     signal.signal(signal.SIGTERM, _terminated)
 
     import psycopg
@@ -273,10 +283,15 @@ def run(points: int, calls: int, ours: str, token: str, theirs: str) -> None:
         results.update({f"{k}_{name}": v for k, v in sdk_workloads(name, uri, auth, points, calls).items()})
     copy_rate, orm_rate = bare_inserts(points)
     results["bare_copy"], results["bare_orm"] = copy_rate, orm_rate
+    results.update({f"{k}_floor": v for k, v in client_floor(points, calls).items()})
 
     print()
     print(f"bare_copy_into_metric_table: {copy_rate:,.0f} points/s")
     print(f"bare_orm_bulk_create: {orm_rate:,.0f} points/s")
+    _line("client_log_batch_floor", results["client_log_batch_floor"], "points/s",
+          "the MLflow client alone, against a stub that answers at once")
+    _ratio("client_log_batch_ours_vs_floor", results.get("client_log_batch_ours", SKIPPED),
+           results["client_log_batch_floor"])
     for what in ("client_log_batch", "sdk_log_metric_batched"):
         ours_rate, theirs_rate = results.get(f"{what}_ours", SKIPPED), results.get(f"{what}_mlflow", SKIPPED)
         _line(f"{what}_ours", ours_rate, "points/s", f"goal >= {GOAL_BATCH:,} and >= MLflow's")
@@ -287,12 +302,16 @@ def run(points: int, calls: int, ours: str, token: str, theirs: str) -> None:
     _line("http_roundtrip_ours", _ms(results.get("http_roundtrip_ours", SKIPPED)), "ms median",
           "GET /api/health: the floor of one call to our server")
     _line("http_roundtrip_mlflow", _ms(results.get("http_roundtrip_mlflow", SKIPPED)), "ms median", "GET /health")
+    _line("client_log_metric_floor", _ms(results["client_log_metric_floor"]), "ms median",
+          "the MLflow client alone, against a stub that answers at once")
     for what in ("client_log_metric", "sdk_log_metric_flush"):
         _line(f"{what}_ours", _ms(results.get(f"{what}_ours", SKIPPED)), "ms median",
               f"goal <= {GOAL_LOG_METRIC_MS:g} ms")
         _line(f"{what}_mlflow", _ms(results.get(f"{what}_mlflow", SKIPPED)), "ms median")
         _ratio(f"{what}_ours_vs_mlflow", results.get(f"{what}_ours", SKIPPED), results.get(f"{what}_mlflow", SKIPPED),
                "time: below 1 is faster")
+    _line("client_get_metric_history_floor", results["client_get_metric_history_floor"], f"s for {points:,} points",
+          "the MLflow client alone, parsing a canned answer")
     for what in ("client_get_metric_history", "sdk_get_metric_history"):
         _line(f"{what}_ours", results.get(f"{what}_ours", SKIPPED), f"s for {points:,} points",
               f"goal <= {GOAL_HISTORY_S:g} s for 100,000")
@@ -488,6 +507,74 @@ def _end(run) -> None:
 
 def _fmt(value: float | None, unit: str) -> str:
     return "FAILED" if value is None else f"{value:,.4g} {unit}" if value < 1000 else f"{value:,.0f} {unit}"
+
+
+# A stub MLflow server for the client's floor: keep-alive HTTP/1.1, each answer written in one send (a
+# header and body written apart would wait for the client's delayed ACK, 40 ms, and measure that instead).
+STUB_SERVER = r"""
+import json, sys
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+points = int(sys.argv[1])
+history = json.dumps({"metrics": [{"key": "loss", "value": 1.0 / (i + 1), "timestamp": 1700000000000 + i, "step": i}
+                                  for i in range(points)]}, separators=(",", ":")).encode()
+class Stub(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    def answer(self, body):
+        head = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body)
+        self.wfile.write(head + body)
+    def do_POST(self):
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        self.answer(b"{}")
+    def do_GET(self):
+        self.answer(history if "get-history" in self.path else b"{}")
+    def log_message(self, *args):
+        pass
+server = ThreadingHTTPServer(("127.0.0.1", 0), Stub)
+print(server.server_address[1], flush=True)
+server.serve_forever()
+"""
+
+
+def client_floor(points: int, calls: int) -> dict:
+    """The MLflow client's own cost: the client workloads against STUB_SERVER, in its own process."""
+    from mlflow.entities import Metric
+    from mlflow.tracking import MlflowClient
+
+    stub = subprocess.Popen([sys.executable, "-c", STUB_SERVER, str(points)], stdout=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    stub.log_path, stub.name = Path(os.devnull), "the stub server"
+    out: dict[str, float | None] = dict.fromkeys(
+        ("client_log_batch", "client_log_metric", "client_get_metric_history"))
+
+    def measure() -> None:
+        port = int(stub.stdout.readline())
+        os.environ["MLFLOW_TRACKING_TOKEN"] = "stub"
+        client = MlflowClient(tracking_uri=f"http://127.0.0.1:{port}/mlflow")
+        run_id, base = "0" * 32, int(time.time() * 1000)
+        started = time.perf_counter()
+        for start in range(0, points, 1000):
+            client.log_batch(run_id, metrics=[Metric(KEY, 1.0 / (i + 1), base + i, i)
+                                              for i in range(start, min(start + 1000, points))])
+        out["client_log_batch"] = points / (time.perf_counter() - started)
+        times = []
+        for i in range(calls):
+            started = time.perf_counter()
+            client.log_metric(run_id, KEY, 1.0 / (i + 1), step=i)
+            times.append(time.perf_counter() - started)
+        out["client_log_metric"] = statistics.median(times)
+        started = time.perf_counter()
+        if len(client.get_metric_history(run_id, KEY)) != points:
+            raise AssertionError("the stub's history came back short")
+        out["client_get_metric_history"] = time.perf_counter() - started
+
+    try:
+        _attempt("MLflow client floor", "stub", measure)
+    finally:
+        stop(stub)
+    print(f"client_floor: log_batch {_fmt(out['client_log_batch'], 'points/s')}, log_metric "
+          f"{_fmt(_ms(out['client_log_metric']), 'ms median')}, get_metric_history "
+          f"{_fmt(out['client_get_metric_history'], 's')}", flush=True)
+    return out
 
 
 def bare_inserts(points: int) -> tuple[float, float]:

@@ -25,7 +25,7 @@ from django.utils.translation import gettext as _
 from django.views.decorators.http import require_GET, require_http_methods
 from django_htmx.http import HttpResponseStopPolling
 
-from jobs import access, page_blocks, services, timeline, waiting
+from jobs import access, executors, page_blocks, services, timeline, waiting
 from jobs.charts import job_charts
 from computers.choices import Kind
 from datasets import services as dataset_services
@@ -38,10 +38,6 @@ from mado.dialogs import dialog, dialog_done
 from mado.errors import ServiceError
 from mado.services import Actor
 from mado.validation import BIGINT_MAX, as_int
-from sites.choices import SubmissionMethod
-from sites.models import SiteSettings, Submission
-from sites.submissions import job_error_for
-from sites.views import manual_instructions
 
 LIST_PAGE = 50
 LOG_TAIL = 2000   # chunks shown when the page opens; the whole log is a download away
@@ -78,17 +74,14 @@ def _manual_sites(request, project, jobs: list) -> list[dict]:
     """The instructions of each manual site that Jobs on this page are waiting for (seed 003, "Submit
     manually"): one block per computer, whatever the number of Jobs waiting."""
     waiting = {job.target_id: job.target for job in jobs if job.status == JobStatus.WAITING_MANUAL}
-    manual = SiteSettings.objects.filter(target_id__in=waiting, submission=SubmissionMethod.MANUAL)
-    return [manual_instructions(request, waiting[site.target_id], project)
-            for site in manual.order_by("target__name")]
+    blocks = (_manual_target(request, target, project) for target in sorted(waiting.values(), key=lambda t: t.name))
+    return [block for block in blocks if block is not None]
 
 
 def _manual_for(request, job: Job) -> dict | None:
-    if job.status != JobStatus.WAITING_MANUAL or job.target is None or job.target.kind != Kind.SITE:
+    if job.status != JobStatus.WAITING_MANUAL:
         return None
-    if not SiteSettings.objects.filter(target=job.target, submission=SubmissionMethod.MANUAL).exists():
-        return None
-    return manual_instructions(request, job.target, job.project)
+    return _manual_target(request, job.target, job.project)
 
 
 # New job ----------------------------------------------------------------------------------------
@@ -120,12 +113,9 @@ def job_create(request, project):
 
 
 def _manual_target(request, target, project) -> dict | None:
-    """A chosen manual site: the form shows before creating how its Jobs get submitted."""
-    if target is None or target.kind != Kind.SITE:
-        return None
-    if not SiteSettings.objects.filter(target=target, submission=SubmissionMethod.MANUAL).exists():
-        return None
-    return manual_instructions(request, target, project)
+    """A manual site (chosen in the form, or waited for): how its Jobs get submitted."""
+    executor = executors.executor_for(target.kind) if target is not None else None
+    return executor.manual_instructions(request, target, project) if executor else None
 
 
 def _initial_from(query) -> dict:
@@ -149,16 +139,27 @@ def job_detail(request, project, pk):
     tail = list(_log_chunks(job, replica).order_by("-id")[:LOG_TAIL + 1])
     omitted = len(tail) > LOG_TAIL
     chunks = list(reversed(tail[:LOG_TAIL]))
+    blocks = page_blocks.render_blocks(request, job)
     context = {
         **_panels(request, job),
+        **_metrics_panel(job, blocks),
         "chunks": chunks,
         "logs_omitted": omitted,
         "after": chunks[-1].pk if chunks else 0,
         "polling": not job.is_terminal,
         "replica": replica,
-        "job_blocks": page_blocks.render_blocks(request, job),
+        "job_blocks": blocks.html,
     }
     return render(request, "jobs/job_detail.html", context)
+
+
+def _metrics_panel(job: Job, blocks: page_blocks.RenderedBlocks) -> dict:
+    """jobs' own Metrics panel, unless a block replaces it (tracking's Run panel draws the same series,
+    downsampled in the database); its charts load up to 100,000 points, so only when it is shown."""
+    if not blocks.shows("metrics"):
+        return {"show_metrics": False}
+    charts, charts_truncated = job_charts(job)
+    return {"show_metrics": True, "charts": charts, "charts_truncated": charts_truncated}
 
 
 def _replica(request, job: Job) -> str | None:
@@ -189,17 +190,21 @@ def job_poll(request, project, pk):
     chunks = list(_log_chunks(job, replica).filter(id__gt=after).order_by("id")[:LOG_PAGE])
     done = job.is_terminal and len(chunks) < LOG_PAGE
     panels = _panels(request, job)
+    changed = panels["version"] != request.GET.get("v")
+    # The apps' blocks (jobs.page_blocks) are swapped out of band like the panels, when something changed.
+    blocks = page_blocks.render_blocks(request, job, oob=True) if changed else None
     context = {
         **panels,
+        **(_metrics_panel(job, blocks) if blocks is not None else {}),
         "replica": replica,
         "chunks": chunks,
         "after": chunks[-1].pk if chunks else after,
         "polling": not done,
-        "panels_changed": panels["version"] != request.GET.get("v"),
+        "panels_changed": changed,
     }
     content = render_to_string("jobs/partials/_poll.html", context, request=request)
-    if context["panels_changed"]:  # the apps' blocks (jobs.page_blocks), swapped out of band like the panels
-        content += "".join(page_blocks.render_blocks(request, job, oob=True))
+    if blocks is not None:
+        content += "".join(blocks.html)
     return HttpResponseStopPolling(content) if done else HttpResponse(content)
 
 
@@ -236,15 +241,14 @@ def _job(request, project: str, pk: int) -> Job:
 
 
 def _panels(request, job: Job) -> dict:
-    """What the job page shows besides the logs, and a version that changes when any of it does."""
-    charts, charts_truncated = job_charts(job)
+    """What the job page shows besides the logs and the metrics (_metrics_panel), and a version that changes
+    when any of it does."""
     artifacts = list(job.artifacts.all())
     events = list(job.events.all())
     metric_stamp = job.metrics.aggregate(n=Count("id"), last=Max("id"))
     waiting_reason = waiting.reason(job)
-    submission = (Submission.objects.filter(job=job).select_related("launcher", "submitted_by").first()
-                  if job.target is not None and job.target.kind == Kind.SITE else None)
-    error = job_error_for(request.user, job)
+    executor = executors.executor_for(job.target.kind) if job.target is not None else None
+    error = executor.error_for(request.user, job) if executor else job.error
     version = "|".join(map(str, [waiting_reason,
         job.status, job.end_reason, job.exit_code, job.worker_id, job.target_id, job.stop_requested_at,
         job.is_unresponsive,
@@ -257,12 +261,10 @@ def _panels(request, job: Job) -> dict:
         "refusal": access.stop_refusal(request.user, job),
         "can_mark_lost": job.is_unresponsive and access.can_mark_lost(request.user, job),
         "timeline": timeline.timeline(events, error=(job.error, error)),
-        "claimer": _claimer(job, events, submission),
+        "claimer": _claimer(job, events, executor.submitter(job) if executor else None),
         "error": error,
         "walltime": _duration(job.walltime_seconds),
         "heartbeat_age": _age(job.heartbeat_at) if job.heartbeat_at else "",
-        "charts": charts,
-        "charts_truncated": charts_truncated,
         "artifacts": artifacts,
         "parameters": json.dumps(job.parameters, indent=2, ensure_ascii=False, sort_keys=True),
         "manual": _manual_for(request, job),
@@ -273,19 +275,16 @@ def _panels(request, job: Job) -> dict:
     }
 
 
-def _claimer(job: Job, events: list, submission) -> dict:
+def _claimer(job: Job, events: list, submitter: str | None) -> dict:
     """Who took the Job from the queue, as its claim recorded it: its worker; for a site, the launcher or
-    the person whose `mado-tracking submit` did (sites.models.Submission), so the Details say what the
+    the person whose `mado-tracking submit` did (the executor of its kind says), so the Details say what the
     timeline's "Claimed by" line says. `who` is None while nobody has."""
     site = job.target is not None and job.target.kind == Kind.SITE
     label = _("Submitted by") if site else _("Worker")
     if job.worker is not None:
         return {"label": label, "who": job.worker.worker_id}
-    if submission is not None and submission.launcher is not None:
-        return {"label": label, "who": _("launcher %(name)s") % {"name": submission.launcher.name}}
-    if submission is not None and submission.submitted_by is not None:
-        return {"label": label, "who": _("%(user)s with mado-tracking submit")
-                % {"user": submission.submitted_by.get_username()}}
+    if submitter is not None:
+        return {"label": label, "who": submitter}
     claim = timeline.last_claim(events)
     if claim is not None:
         return {"label": label, "who": claim.text}

@@ -13,11 +13,11 @@ from django.db.models.fields.json import KeyTextTransform
 from django.db.models.lookups import Exact, IRegex, IsNull, Regex
 
 from mado.choices import Scope
-from registry import services
+from registry import logged_models, services
 from registry.models import ModelAlias, ModelVersion, RegisteredModel
 from tracking.errors import invalid
-from tracking.mlflow_api import Call, _page, _token, endpoint
-from tracking.search import _like_regex, _parse_list, _split_identifier, _string_q, _tokens, _unquote
+from tracking.mlflow_api import Call, endpoint, page_bounds, page_token
+from tracking.search import like_regex, parse_list, split_identifier, string_q, tokenize, unquote
 from tracking.validation import validate_run_id
 
 READ = Scope.READ.value
@@ -46,6 +46,8 @@ def version_json(version: ModelVersion, model: RegisteredModel | None = None) ->
               "run_id": version.run_id or "", "status": version.status, "run_link": version.run_link,
               "tags": [{"key": k, "value": v} for k, v in sorted(version.tags.items())],
               "aliases": sorted(a.alias for a in version.aliases.all())}
+    if version.logged_model_id:
+        answer["model_id"] = version.logged_model_id
     return answer
 
 
@@ -93,13 +95,16 @@ MODEL_FIELDS = {"name": "name"}
 VERSION_FIELDS = {"name": "model__name", "run_id": "run_id", "source_path": "source", "source": "source"}
 
 
-def _filter(text: str | None, fields: dict, *, tag_field: str, numeric: dict | None = None) -> Q:
+def search_filter(text: str | None, fields: dict, *, tag_field: str, numeric: dict | None = None,
+                  param_field: str | None = None) -> Q:
+    """MLflow's filter grammar on registry rows: attributes in `fields` (strings) and `numeric` (whole
+    numbers), `tags.<key>` in the JSON field `tag_field`, and `params.<key>` in `param_field` if given."""
     if not text or not text.strip():
         return Q()
-    tokens = _tokens(text)
+    tokens = tokenize(text)
     query, index = Q(), 0
     while index < len(tokens):
-        entity, key, index = _split_identifier(tokens, index, text)
+        entity, key, index = split_identifier(tokens, index, text)
         if index >= len(tokens) or tokens[index][0] not in ("op", "word"):
             raise invalid(f"Invalid filter string '{text}': expected a comparison such as name = 'x'.")
         op = tokens[index][1].upper()
@@ -107,28 +112,29 @@ def _filter(text: str | None, fields: dict, *, tag_field: str, numeric: dict | N
         if op == "NOT" and index < len(tokens) and tokens[index][1].upper() == "IN":
             op, index = "NOT IN", index + 1
         if op in ("IN", "NOT IN"):
-            operand, index = _parse_list(tokens, index, text)
+            operand, index = parse_list(tokens, index, text)
         else:
             if index >= len(tokens):
                 raise invalid(f"Invalid filter string '{text}': a comparison lacks its value.")
             operand, index = tokens[index], index + 1
-        if entity in ("tag", "tags"):
+        json_field = {"tag": tag_field, "tags": tag_field, "param": param_field, "params": param_field}.get(entity)
+        if json_field:
             if op not in ("=", "!=", "LIKE", "ILIKE"):
                 raise invalid(f"Invalid comparator '{op}' for tags in '{text}'; use =, !=, LIKE or ILIKE.")
             if operand[0] not in ("string", "number", "word"):
                 raise invalid(f"Invalid filter string '{text}': compare tags with a quoted string.")
-            value, tag = _unquote(operand[1]), KeyTextTransform(key, tag_field)  # the key as it is, never a lookup
+            value, tag = unquote(operand[1]), KeyTextTransform(key, json_field)  # the key as it is, never a lookup
             if op == "=":
                 query &= Q(Exact(tag, value))
             elif op == "!=":  # as MLflow: models without the tag match (the client's prompt filter relies on it)
                 query &= Q(IsNull(tag, True)) | ~Q(Exact(tag, value))
             else:
-                query &= Q((Regex if op == "LIKE" else IRegex)(tag, _like_regex(value)))
+                query &= Q((Regex if op == "LIKE" else IRegex)(tag, like_regex(value)))
         elif entity in ("attribute", "attributes") and numeric and key in numeric:
             if op not in ("=", "!=", ">", ">=", "<", "<=", "IN"):
                 raise invalid(f"Invalid comparator '{op}' for {key} in '{text}'.")
             try:
-                values = [_whole(_unquote(v)) for v in operand] if op == "IN" else [_whole(_unquote(operand[1]))]
+                values = [_whole(unquote(v)) for v in operand] if op == "IN" else [_whole(unquote(operand[1]))]
             except ValueError:
                 raise invalid(f"Invalid filter string '{text}': {key} is compared with a whole number such as "
                               "3.") from None
@@ -138,7 +144,7 @@ def _filter(text: str | None, fields: dict, *, tag_field: str, numeric: dict | N
         elif entity in ("attribute", "attributes") and key in fields:
             if op not in ("=", "!=", "LIKE", "ILIKE", "IN", "NOT IN"):
                 raise invalid(f"Invalid comparator '{op}' for {key} in '{text}'; use =, !=, LIKE, ILIKE or IN.")
-            query &= _string_q(fields[key], op, operand)
+            query &= string_q(fields[key], op, operand)
         else:
             known = ", ".join([*fields, *(numeric or {}), "tags.<key>"])
             raise invalid(f"Invalid filter string '{text}': cannot filter on '{key}'; use {known}.")
@@ -205,15 +211,16 @@ def models_delete(call: Call):
 
 @endpoint(READ, methods=("GET", "POST"))
 def models_search(call: Call):
-    offset, limit = _page(call, default=100, maximum=MAX_MODELS)
+    offset, limit = page_bounds(call, default=100, maximum=MAX_MODELS)
     ordering = _order(call.getlist("order_by"), {"name": "name", "timestamp": "last_updated_time",
                                                  "last_updated_timestamp": "last_updated_time",
                                                  "creation_timestamp": "creation_time"}, ["name", "id"])
-    rows = _models(call).filter(_filter(call.string("filter"), MODEL_FIELDS, tag_field="tags")).order_by(*ordering)
+    query = search_filter(call.string("filter"), MODEL_FIELDS, tag_field="tags")
+    rows = _models(call).filter(query).order_by(*ordering)
     page = list(rows[offset:offset + limit + 1])
     answer = {"registered_models": [model_json(m) for m in page[:limit]]}
     if len(page) > limit:
-        answer["next_page_token"] = _token(offset + limit)
+        answer["next_page_token"] = page_token(offset + limit)
     return answer
 
 
@@ -262,7 +269,8 @@ def versions_create(call: Call):
     model = services.model_for(call.user, call.project, call.string("name", required=True))
     version = services.create_version(call.actor, call.principal, model, source=call.get("source"),
                                       run_id=_run_id(call), tags=call.get("tags"),
-                                      description=call.get("description"), run_link=call.get("run_link"))
+                                      description=call.get("description"), run_link=call.get("run_link"),
+                                      model_id=call.get("model_id"))
     return {"model_version": version_json(version, model)}
 
 
@@ -298,12 +306,12 @@ def versions_transition_stage(call: Call):
 
 @endpoint(READ, methods=("GET", "POST"))
 def versions_search(call: Call):
-    offset, limit = _page(call, default=10_000, maximum=MAX_VERSIONS)
+    offset, limit = page_bounds(call, default=10_000, maximum=MAX_VERSIONS)
     ordering = _order(call.getlist("order_by"), {"name": "model__name", "version_number": "version",
                                                  "creation_timestamp": "creation_time", "timestamp": "creation_time",
                                                  "last_updated_timestamp": "last_updated_time"},
                       ["model__name", "-version"])
-    query = _filter(call.string("filter"), VERSION_FIELDS, tag_field="tags",
+    query = search_filter(call.string("filter"), VERSION_FIELDS, tag_field="tags",
                     numeric={"version_number": "version"})
     visible = services.models_visible_in(call.user, call.project)
     rows = (ModelVersion.objects.filter(model__in=visible).filter(query).select_related("model", "created_by")
@@ -311,13 +319,16 @@ def versions_search(call: Call):
     page = list(rows[offset:offset + limit + 1])
     answer = {"model_versions": [version_json(v) for v in page[:limit]]}
     if len(page) > limit:
-        answer["next_page_token"] = _token(offset + limit)
+        answer["next_page_token"] = page_token(offset + limit)
     return answer
 
 
 @endpoint(READ, methods=("GET",))
 def versions_download_uri(call: Call):
     version = _version(call)
+    logged = logged_models.for_stored_file(version)  # a logged model's directory, or a stored file's (made once)
+    if logged is not None:
+        return {"artifact_uri": logged.artifact_uri}
     source = version.source
     if source.startswith("runs:/") and version.run is not None:
         source = version.run.artifact_uri + "/" + source.removeprefix(f"runs:/{version.run.run_id}").strip("/")

@@ -17,6 +17,7 @@ from mado import access as identity
 from mado.choices import Role
 from mado.errors import ServiceError
 from mado.services import Actor, audit
+from registry import logged_models
 from registry.models import ModelAlias, ModelVersion, RegisteredModel, Stage
 from tracking import access as run_access
 from tracking import artifacts as run_artifacts
@@ -32,6 +33,7 @@ MODEL_KINDS = (RunKind.TRAINING, RunKind.FINE_TUNING)
 ARTIFACT_URI = re.compile(
     r"^mlflow-artifacts:/+(?P<experiment>\d+)/(?P<run>[0-9a-f]{1,32})/artifacts(?:/(?P<path>.*))?$")
 RUNS_URI = re.compile(r"^runs:/(?P<run>[0-9a-f]{1,32})(?:/(?P<path>.*))?$")
+LOGGED_MODEL_URI = re.compile(r"^models:/(?P<id>m-[0-9a-f]{32})/?$")
 
 
 # Who may do what ------------------------------------------------------------------------------------
@@ -243,14 +245,19 @@ def _digest(relative: str) -> tuple[str, int | None]:
 
 
 def create_version(actor: Actor, principal, model: RegisteredModel, *, source, run_id=None, tags=None,
-                   description=None, run_link=None) -> ModelVersion:
+                   description=None, run_link=None, model_id=None) -> ModelVersion:
+    """From a Run's artifacts (runs:/…, mlflow-artifacts:/…) or, MLflow 3's way, a logged model
+    (source models:/<model_id> or model_id): its bytes are where the source points."""
     source = _text(source, "source", 5000)
     if not source:
         raise invalid("Missing value for required parameter 'source'. Pass the model's artifact URI, e.g. "
                       "runs:/<run_id>/model.")
+    logged = _logged_model(actor, model.project, source, model_id)
     run = None
     if run_id:
         run = run_access.run_for(actor.user, model.project, str(run_id))
+    elif logged is not None:
+        run = logged.source_run
     else:
         match = ARTIFACT_URI.match(source) or RUNS_URI.match(source)
         if match is not None:
@@ -262,10 +269,26 @@ def create_version(actor: Actor, principal, model: RegisteredModel, *, source, r
                      "run_id=MLFLOW_RUN_ID, or use a personal token with registry:write.")
     _check_member(actor.user, model.project)
     tags, description = _tags(tags), _text(description, "description", 100_000)
-    stored = _stored(run, source) if run is not None else ""
+    if logged is not None:
+        root = logged_models.root_of(logged)
+        stored = str(root.relative_to(Path(settings.MEDIA_ROOT))) if root.is_dir() else ""
+    else:
+        stored = _stored(run, source) if run is not None else ""
     digest, size = _digest(stored)
     return _new_version(actor, model, source=source, run=run, stored=stored, digest=digest, size=size, tags=tags,
-                        description=description, run_link=_text(run_link, "run_link", 5000))
+                        description=description, run_link=_text(run_link, "run_link", 5000), logged_model=logged)
+
+
+def _logged_model(actor: Actor, project, source: str, model_id):
+    """The logged model a version is registered from: model_id, else a models:/<model_id> source."""
+    if model_id in (None, ""):
+        match = LOGGED_MODEL_URI.match(source)
+        model_id = match.group("id") if match else None
+    if model_id is None:
+        return None
+    if not isinstance(model_id, str):
+        raise invalid(f"Invalid value {model_id!r:.100} for parameter 'model_id' supplied: expected a string.")
+    return logged_models.model_for(actor.user, project, model_id)
 
 
 def _new_version(actor: Actor, model: RegisteredModel, **fields) -> ModelVersion:
@@ -397,7 +420,9 @@ def register_job_models(job) -> list[ModelVersion]:
         metadata = item.get("metadata") or {}
         tags = {str(k)[:250]: str(v)[:MAX_TAG_VALUE] for k, v in metadata.items()} if isinstance(metadata, dict) \
             else {}
-        created.append(_new_version(actor, model, source=f"runs:/{run.run_id}/container/{artifact.path}", run=run,
-                                    stored=artifact.file.name, digest=artifact.sha256, size=artifact.size,
-                                    tags=tags, description="", run_link=""))
+        version = _new_version(actor, model, source=f"runs:/{run.run_id}/container/{artifact.path}", run=run,
+                               stored=artifact.file.name, digest=artifact.sha256, size=artifact.size, tags=tags,
+                               description="", run_link="")
+        logged_models.for_stored_file(version)  # what MLflow clients download models:/<name>/<version> from
+        created.append(version)
     return created

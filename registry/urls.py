@@ -1,12 +1,14 @@
-"""/mlflow/…: MLflow's model registry REST API 2.0 paths. Included by mado/urls.py ahead of tracking.urls,
-whose catch-all answers every other /mlflow/ path with ENDPOINT_NOT_FOUND."""
+"""/mlflow/…: MLflow's model registry REST API 2.0 paths and MLflow 3's logged models. Included by
+mado/urls.py ahead of tracking.urls, whose catch-all answers every other /mlflow/ path with ENDPOINT_NOT_FOUND."""
 from django.urls import path
 
+from registry import logged_models_api as logged
 from registry import mlflow_api as api
 
 P = "api/2.0/mlflow/"
 M = P + "registered-models/"
 V = P + "model-versions/"
+L = P + "logged-models"
 
 urlpatterns = [
     path(M + "create", api.models_create),
@@ -28,4 +30,12 @@ urlpatterns = [
     path(V + "get-download-uri", api.versions_download_uri),
     path(V + "set-tag", api.versions_set_tag),
     path(V + "delete-tag", api.versions_delete_tag),
+    path(L, logged.create),
+    path(L + "/search", logged.search),
+    path(L + "/<str:model_id>", logged.one),
+    path(L + "/<str:model_id>/params", logged.params),
+    path(L + "/<str:model_id>/tags", logged.tags),
+    path(L + "/<str:model_id>/tags/<path:tag_key>", logged.tag),
+    path(L + "/<str:model_id>/artifacts/directories", logged.artifact_directories),
+    path(P + "runs/outputs", logged.runs_outputs),
 ]

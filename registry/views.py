@@ -41,8 +41,9 @@ def version_download(request, project, model, version):
     row = found.versions.filter(version=version).first() if found else None
     if row is None:
         raise Http404(_("No such model version; open it from the Models page."))
-    target = Path(settings.MEDIA_ROOT) / row.stored_path if row.stored_path else None
-    if target is None or not target.exists():
+    media = Path(settings.MEDIA_ROOT).resolve()
+    target = (media / row.stored_path).resolve() if row.stored_path else None
+    if target is None or media not in target.parents or not target.exists():
         raise Http404(_("This version's files are not stored on this server; its source is %(source)s.")
                       % {"source": row.source})
     if target.is_file():
@@ -50,7 +51,8 @@ def version_download(request, project, model, version):
     bundle = tempfile.TemporaryFile()
     with zipfile.ZipFile(bundle, "w", zipfile.ZIP_DEFLATED) as archive:
         for file in sorted(p for p in target.rglob("*") if p.is_file()):
-            if not file.name.endswith((".uploading", ".lock")):
+            # Only the version's own files: never one a link inside it leads to elsewhere.
+            if not file.name.endswith((".uploading", ".lock")) and target in file.resolve().parents:
                 archive.write(file, file.relative_to(target).as_posix())
     bundle.seek(0)
     return FileResponse(bundle, as_attachment=True, filename=f"{found.name}-v{row.version}.zip")

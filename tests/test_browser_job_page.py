@@ -104,3 +104,36 @@ def test_a_failed_site_jobs_error_keeps_the_schedulers_lines_in_chromium(
     expect(page.locator(".crumbs")).to_contain_text("Jobs")
     browser.screenshot("job-page-failed-site-job-ja.png")
     assert not browser.js_errors, browser.js_errors
+
+
+def test_the_run_panel_draws_each_series_once_and_follows_the_running_job_in_chromium(
+    transactional_db, live_server, world, chromium_page, gpu_box, job_worker  # noqa: F811
+):
+    """Issue 16: the Job's Run panel replaces jobs' own Metrics panel (the same series were drawn twice);
+    its chart still follows the running Job through the page's poll, which stops once the Job has ended."""
+    from playwright.sync_api import expect
+
+    browser = chromium_page
+    page = browser.page
+    job = services.create_job(Actor(world.member), world.project, job_request(gpu_box, name="live-chart"))
+    item = job_worker.claim()
+    assert job_worker.heartbeat(item, "running").status_code == 200
+    points = [{"name": "loss", "value": 1.0, "step": 0}, {"name": "loss", "value": 0.5, "step": 1}]
+    assert job_worker.leased(item, "metrics", metrics=points).status_code == 200
+    sign_in(browser, "bob", "bob-pass-123")
+    browser.goto(f"/projects/lab/jobs/{job.pk}/")
+    page.evaluate("window.__sameDocument = true")  # gone if anything below reloads the page
+    chart = page.locator('#run-panel figure[data-metric="loss"]')
+    expect(chart).to_have_attribute("data-points", "2")
+    expect(page.locator('figure[data-metric="loss"]')).to_have_count(1)  # drawn once
+    expect(page.locator("#job-metrics")).to_have_count(0)
+
+    assert job_worker.leased(item, "metrics", metrics=[{"name": "loss", "value": 0.25, "step": 2}]).status_code == 200
+    expect(chart).to_have_attribute("data-points", "3")
+    expect(chart.locator("figcaption")).to_contain_text("last 0.25 at step 2")
+    assert job_worker.complete(item).status_code == 200
+    expect(page.locator("#run-status")).to_have_text("Finished")
+    expect(page.locator("#log-poller")).to_have_attribute("data-polling", "false")
+    expect(page.locator('figure[data-metric="loss"]')).to_have_count(1)
+    assert page.evaluate("window.__sameDocument") is True, "the chart followed the Job by reloading the page"
+    assert not browser.js_errors, browser.js_errors

@@ -143,7 +143,7 @@ def test_a_member_creates_a_job_watches_it_run_live_and_stops_it_in_chromium(
         log = page.locator("#log-output")
         expect(log).to_contain_text("step 1: loss=1.0000")
         expect(log).to_contain_text("step 3: loss=0.3333")
-        expect(page.locator('#job-metrics figure[data-metric="loss"] polyline')).to_have_count(1)
+        expect(page.locator('#run-panel figure[data-metric="loss"] polyline')).to_have_count(1)
         assert page.evaluate("window.__sameDocument") is True, "the logs arrived by reloading the page"
 
         # Request stop → the dialog says what will happen → Stop.

@@ -214,14 +214,17 @@ def test_a_finished_job_has_no_artifacts_while_a_running_one_has_none_yet(client
     item = job_worker.claim()
     assert job_worker.heartbeat(item, "running").status_code == 200
     client.force_login(world.member)
-    assert section(client.get(detail_url(running)), "job-artifacts").endswith("No artifacts yet.")
+    before = client.get(detail_url(running))
+    assert section(before, "job-artifacts").endswith("No artifacts yet.")
+    assert section(before, "run-charts") == "No metrics yet."  # the Job's Run panel holds its metrics
     assert job_worker.complete(item).status_code == 200
     page = client.get(detail_url(running))
     assert section(page, "job-artifacts").endswith("No artifacts.")
-    assert "No metrics." in section(page, "job-metrics") and "yet" not in section(page, "job-metrics")
+    assert section(page, "run-charts") == "No metrics." and 'id="job-metrics"' not in page.content.decode()
     assert 'data-empty="No output."' in page.content.decode()
     ja = japanese(client).get(detail_url(running))
     assert "まだ" not in section(ja, "job-artifacts") and "Artifactはありません。" in section(ja, "job-artifacts")
+    assert section(ja, "run-charts") == "メトリクスはありません。"
 
 
 @pytest.mark.parametrize("steps", [range(1, 11), range(0, 4), range(3, 4), range(0, 1001, 7)])

@@ -435,7 +435,10 @@ class TestJobPage:
         assert "hx-swap-oob" not in again
         job_worker.leased(item, "metrics", metrics=[{"name": "loss", "value": 0.5, "step": 1}])
         changed = html(client.get(reverse("job-poll", args=["lab", job.pk]) + f"?after=0&v={version}", **HTMX))
-        assert 'id="job-metrics" class="panel" hx-swap-oob="true"' in changed and "<polyline" in changed
+        # The Job's Run panel (tracking) brings the new point; jobs' own Metrics panel is not sent as well.
+        assert re.search(r'id="run-panel"[^>]*hx-swap-oob="true"', changed)
+        assert re.search(r'data-metric="loss"[^>]*>.*?<polyline', changed, re.DOTALL)
+        assert 'id="job-metrics"' not in changed
 
     def test_polling_ends_with_286_once_the_job_ended_and_every_chunk_was_shown(self, client, world, gpu_box,
                                                                                job_worker):
@@ -477,21 +480,58 @@ class TestJobPage:
         assert response["Content-Type"].startswith("text/plain")
         assert b"".join(response.streaming_content) == b"a\nb\nerr\n"
 
-    def test_metrics_are_drawn_as_one_svg_line_chart_per_name(self, client, world, gpu_box):
+    def test_metrics_are_drawn_once_as_one_svg_line_chart_per_name(self, client, world, gpu_box):
+        from jobs import services
+
         job = make_job(world, gpu_box)
-        Metric.objects.bulk_create([Metric(job=job, name="loss", value=1 / (s + 1), step=s) for s in range(20)]
-                                   + [Metric(job=job, name="accuracy", value=0.5, step=0)])
+        services.add_metrics(job, [{"name": "loss", "value": 1 / (s + 1), "step": s} for s in range(20)]
+                             + [{"name": "accuracy", "value": 0.5, "step": 0}])
         signed_in(client, world.viewer)
         page = html(client.get(urls(job)["detail"]))
-        assert page.count('<svg class="chart"') == 2
-        loss = re.search(r'data-metric="loss">(.*?)</figure>', page, re.DOTALL).group(1)
+        # One chart per series, in the Job's Run panel; jobs' own Metrics panel would draw them twice.
+        assert page.count('<svg class="chart"') == 2 and 'id="job-metrics"' not in page
+        loss = re.search(r'data-metric="loss"[^>]*>(.*?)</figure>', page, re.DOTALL).group(1)
         points = re.search(r'<polyline[^>]*points="([^"]+)"', loss).group(1).split()
         assert len(points) == 20
         xs = [float(p.split(",")[0]) for p in points]
         ys = [float(p.split(",")[1]) for p in points]
         assert xs == sorted(xs) and ys == sorted(ys)  # steps left to right; loss falls, so y grows downwards
         assert "last 0.05 at step 19" in loss
-        assert '<polyline' in re.search(r'data-metric="accuracy">(.*?)</figure>', page, re.DOTALL).group(1)
+        assert '<polyline' in re.search(r'data-metric="accuracy"[^>]*>(.*?)</figure>', page, re.DOTALL).group(1)
+
+    def test_a_job_without_a_run_keeps_its_own_metrics_panel_and_its_polling(self, client, world, gpu_box,
+                                                                            job_worker):
+        """A Job from before Runs existed has no Run panel: jobs' Metrics panel draws its series and the
+        poll sends it again when a point arrives."""
+        job, item = running_job(world, gpu_box, job_worker)
+        job.run.delete()
+        Metric.objects.bulk_create([Metric(job=job, name="loss", value=1 / (s + 1), step=s) for s in range(5)])
+        signed_in(client, world.member)
+        page = html(client.get(urls(job)["detail"]))
+        assert 'id="job-metrics"' in page and 'id="run-panel"' not in page
+        assert re.search(r'id="job-metrics".*?data-metric="loss">.*?<polyline', page, re.DOTALL)
+        version = re.search(r"v=([0-9a-f]{16})", page).group(1)
+        job_worker.leased(item, "metrics", metrics=[{"name": "loss", "value": 0.1, "step": 5}])
+        changed = html(client.get(reverse("job-poll", args=["lab", job.pk]) + f"?after=0&v={version}", **HTMX))
+        assert 'id="job-metrics" class="panel" hx-swap-oob="true"' in changed and "6 points" in changed
+
+    def test_a_job_with_100000_points_shows_them_downsampled_in_its_run_panel(self, client, world, gpu_box):
+        from tracking.charts import COLUMNS
+        from tracking.models import LatestMetric
+        from tracking.models import Metric as RunMetric
+
+        job = make_job(world, gpu_box)
+        n = 100_000
+        RunMetric.objects.bulk_create([RunMetric(run=job.run, key="loss", value=1 - s / n, timestamp=1, step=s)
+                                       for s in range(n)], batch_size=10_000)
+        LatestMetric.objects.create(run=job.run, key="loss", value=1 / n, timestamp=1, step=n - 1)
+        signed_in(client, world.viewer)
+        page = html(client.get(urls(job)["detail"]))
+        chart = re.search(r'<figure[^>]*data-metric="loss"[^>]*>.*?</figure>', page, re.DOTALL).group(0)
+        assert 'data-points="100000"' in chart and f"last 1e-05 at step {n - 1}" in chart
+        points = re.search(r'<polyline[^>]*points="([^"]+)"', chart).group(1).split()
+        assert COLUMNS < len(points) <= 2 * COLUMNS  # min and max per pixel column, every point considered
+        assert page.count('data-metric="loss"') == 1
 
     def test_a_chart_escapes_the_metric_name_and_thins_long_series_keeping_spikes(self):
         svg = charts.line_chart('<script>alert(1)</script>', [(0, 1.0), (1, 2.0)])

@@ -4,10 +4,16 @@
 PUT uploads a file, GET downloads it, GET .../artifacts?path=<dir> lists a directory.
 
 Files are kept under MEDIA_ROOT/mlflow-artifacts/<project>/<run_id>/, streamed to disk with
-jobs.storage (never held in memory whole)."""
+jobs.storage (never held in memory whole).
+
+Other artifact trees share the API: `<experiment>/<segment>/<id>/artifacts/<path>` is the tree an upper app
+registered for `segment` (register_tree; the registry's logged models: `<experiment>/models/<model_id>/…`,
+as MLflow's server lays them out). Tracking knows only the hook, not who uses it."""
 from __future__ import annotations
 
 import posixpath
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from django.conf import settings
@@ -29,7 +35,26 @@ def root_of(run: Run) -> Path:
     return Path(settings.MEDIA_ROOT) / "mlflow-artifacts" / str(run.project_id) / run.run_id
 
 
-def _clean(path: str) -> str:
+@dataclass
+class Tree:
+    """One artifact tree: where its files are, what it is called in messages, and the check a write
+    must pass (raises MlflowError)."""
+    root: Path
+    label: str
+    check_write: Callable[[], None]
+
+
+# segment -> locate(call, experiment_id: str, id: str) -> Tree (raising not_found when there is none)
+TREES: dict[str, Callable[[Call, str, str], Tree]] = {}
+
+
+def register_tree(segment: str, locate: Callable[[Call, str, str], Tree]) -> None:
+    """An upper app serves `<experiment>/<segment>/<id>/artifacts/…` (called from its AppConfig.ready)."""
+    TREES[segment] = locate
+
+
+def clean_path(path: str) -> str:
+    """An artifact path, relative and normalized, within the file system's limits (else INVALID_PARAMETER_VALUE)."""
     path = (path or "").strip("/")
     if not path:
         return ""
@@ -43,29 +68,33 @@ def _clean(path: str) -> str:
     return norm
 
 
-def _locate(call: Call, path: str) -> tuple[Run, str]:
-    """(run, path inside the run's artifacts) for `<experiment>/<run_id>/artifacts[/<path>]`."""
-    parts = _clean(path).split("/")
+def _locate(call: Call, path: str) -> tuple[Tree, str]:
+    """(tree, path inside it) for `<experiment>/<run_id>/artifacts[/<path>]` or a registered tree's
+    `<experiment>/<segment>/<id>/artifacts[/<path>]`."""
+    parts = clean_path(path).split("/")
+    if len(parts) >= 4 and parts[1] in TREES and parts[3] == "artifacts" and parts[0].isdigit():
+        return TREES[parts[1]](call, parts[0], parts[2]), "/".join(parts[4:])
     if len(parts) < 3 or parts[2] != "artifacts" or not parts[0].isdigit():
         raise not_found(f"No artifacts at '{path}': paths are <experiment id>/<run id>/artifacts/<file>, as in a "
                         "Run's artifact_uri.")
     run = access.run_for(call.user, call.project, parts[1]) if len(parts[1]) <= 32 else None
     if run is None or str(run.experiment_id) != parts[0]:
         raise not_found(f"Run with id={parts[1]} not found")
-    return run, "/".join(parts[3:])
+    tree = Tree(root_of(run), f"Run {run.run_id}", lambda: access.check_can_write(call.user, call.principal, run))
+    return tree, "/".join(parts[3:])
 
 
 @endpoint(Scope.READ.value, methods=("GET", "PUT"))
 def artifact(call: Call, path: str):
-    run, inner = _locate(call, path)
+    tree, inner = _locate(call, path)
     if not inner:
         raise invalid("Name a file after /artifacts/ to upload or download it.")
-    target = root_of(run) / inner
+    target = tree.root / inner
     if call.request.method == "PUT":
         if not call.principal.is_job and RUNS_WRITE not in call.principal.scopes:
             raise MlflowError(f"This token lacks the {RUNS_WRITE} scope; issue a token that has it.",
                               "PERMISSION_DENIED")
-        access.check_can_write(call.user, call.principal, run)
+        tree.check_write()
         if target.is_dir():
             raise invalid(f"'{inner}' is a directory of artifacts; upload under another name.")
         temporary = target.with_name(target.name + ".uploading")
@@ -80,13 +109,13 @@ def artifact(call: Call, path: str):
         temporary.replace(target)
         return {}
     if not target.is_file() or target.name.endswith(".uploading"):
-        raise not_found(f"No artifact '{inner}' in Run {run.run_id}.")
+        raise not_found(f"No artifact '{inner}' in {tree.label}.")
     return FileResponse(open(target, "rb"), as_attachment=False, filename=target.name)
 
 
-def _entries(run: Run, inner: str) -> list[dict]:
-    """A directory of a Run's artifacts: [{path: name inside it, is_dir, file_size?}], sorted by name."""
-    directory = root_of(run) / inner if inner else root_of(run)
+def entries(root: Path, inner: str) -> list[dict]:
+    """A directory of an artifact tree: [{path: name inside it, is_dir, file_size?}], sorted by name."""
+    directory = root / inner if inner else root
     files = []
     if directory.is_dir():
         for entry in sorted(directory.iterdir()):
@@ -101,8 +130,8 @@ def _entries(run: Run, inner: str) -> list[dict]:
 
 @endpoint(Scope.READ.value, methods=("GET",))
 def artifact_list(call: Call):
-    run, inner = _locate(call, call.string("path") or "")
-    return {"files": _entries(run, inner)}
+    tree, inner = _locate(call, call.string("path") or "")
+    return {"files": entries(tree.root, inner)}
 
 
 @endpoint(Scope.READ.value, methods=("GET",))
@@ -110,6 +139,7 @@ def run_artifacts_list(call: Call):
     """MLflow's tracking ListArtifacts (GET /api/2.0/mlflow/artifacts/list?run_id=&path=): one directory of
     the Run's artifacts, each path relative to the Run's artifact root, as MLflow's server answers it."""
     run = call.run()
-    inner = _clean(call.string("path") or "")
-    files = [{**item, "path": f"{inner}/{item['path']}" if inner else item["path"]} for item in _entries(run, inner)]
+    inner = clean_path(call.string("path") or "")
+    files = [{**item, "path": f"{inner}/{item['path']}" if inner else item["path"]}
+             for item in entries(root_of(run), inner)]
     return {"root_uri": run.artifact_uri, "files": files}

@@ -3,7 +3,11 @@
 A series may hold hundreds of thousands of points, so it is downsampled in the database, in one query for
 all the Run's series: the step axis is cut into as many buckets as the chart has pixel columns, and each
 bucket gives its lowest and its highest value (min/max per pixel column: spikes stay visible, and the SVG
-holds at most two points per column). NaN and ±inf points (MLflow allows them) are not drawn."""
+holds at most two points per column). NaN and ±inf points (MLflow allows them) are not drawn.
+
+A series logged without steps (MLflow's log_metric without `step`: every point at step 0) would put every
+point at one x; such a series (all points at one step, logged at different times) is drawn against time
+instead: x is the time since its first point, ticks read 0s, 30s, 2m, 1h."""
 from __future__ import annotations
 
 import math
@@ -23,15 +27,25 @@ COLUMNS = min(drawing.WIDTH - drawing.LEFT - drawing.RIGHT, drawing.MAX_POINTS /
 COLORS = ("#2457c5", "#d1495b", "#2a9d5c", "#e39b1b", "#7b4fbf")  # one per compared Run (2–5)
 
 _INFINITE = (math.inf, -math.inf)
+STEP, TIME = "step", "time"   # what a series' x is: its steps, or milliseconds since its first point
+TIME_SPACINGS_MS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1_000, 2_000, 5_000, 10_000, 15_000, 30_000, 60_000,
+                    120_000, 300_000, 600_000, 900_000, 1_800_000, 3_600_000, 7_200_000, 10_800_000, 21_600_000,
+                    43_200_000, 86_400_000)
 
 
 @dataclass
 class Series:
     key: str
-    points: list[tuple[int, float]] = field(default_factory=list)   # downsampled, in step order
+    points: list[tuple[int, float]] = field(default_factory=list)   # downsampled, in x order
     count: int = 0            # points logged (finite ones)
     last_step: int = 0
     last_value: float = 0.0
+    axis: str = STEP          # TIME: x is ms since the first point (the series has one step, `step`)
+    step: int = 0             # the lowest step; a TIME series' only one
+
+    def on_steps(self) -> list[tuple[int, float]]:
+        """The points against steps, to share a step axis with other series (a TIME series collapses)."""
+        return self.points if self.axis == STEP else [(self.step, value) for _x, value in self.points]
 
 
 def run_series(run_ids: list[str], keys: list[str] | None = None, *, columns: int = COLUMNS) -> dict:
@@ -45,18 +59,24 @@ def run_series(run_ids: list[str], keys: list[str] | None = None, *, columns: in
     drawn = Metric.objects.filter(run_id__in=list(run_ids), is_nan=False).exclude(value__in=_INFINITE)
     if keys is not None:
         drawn = drawn.filter(key__in=list(keys))
-    bounds = drawn.values("run_id", "key").annotate(lo=Min("step"), hi=Max("step"), n=Count("id"))
+    bounds = drawn.values("run_id", "key").annotate(lo=Min("step"), hi=Max("step"), n=Count("id"),
+                                                    t_lo=Min("timestamp"), t_hi=Max("timestamp"))
     for bound in bounds.order_by("run_id", "key"):
-        series = result[bound["run_id"]].setdefault(bound["key"], Series(key=bound["key"], count=bound["n"]))
-        span = max(bound["hi"] - bound["lo"], 1)
-        offset = ExpressionWrapper((Cast(F("step"), FloatField()) - float(bound["lo"])) * float(columns) / float(span),
+        axis = TIME if bound["lo"] == bound["hi"] and bound["t_lo"] < bound["t_hi"] else STEP
+        series = result[bound["run_id"]].setdefault(
+            bound["key"], Series(key=bound["key"], count=bound["n"], axis=axis, step=bound["lo"]))
+        column, lo, hi = ("timestamp", bound["t_lo"], bound["t_hi"]) if axis == TIME else ("step", bound["lo"],
+                                                                                         bound["hi"])
+        span = max(hi - lo, 1)
+        offset = ExpressionWrapper((Cast(F(column), FloatField()) - float(lo)) * float(columns) / float(span),
                                    output_field=FloatField())
         bucket = Least(Cast(Floor(offset), IntegerField()), Value(columns - 1), output_field=IntegerField())
         rows = (drawn.filter(run_id=bound["run_id"], key=bound["key"]).annotate(bucket=bucket)
-                .values("bucket").annotate(lo_step=Min("step"), hi_step=Max("step"), low=Min("value"),
+                .values("bucket").annotate(lo_x=Min(column), hi_x=Max(column), low=Min("value"),
                                            high=Max("value"), count=Count("id")).order_by("bucket"))
+        origin = lo if axis == TIME else 0
         for row in rows:
-            _add_bucket(series, row["lo_step"], row["hi_step"], row["low"], row["high"], row["count"])
+            _add_bucket(series, row["lo_x"] - origin, row["hi_x"] - origin, row["low"], row["high"], row["count"])
     _latest(result, keys)
     return result
 
@@ -87,21 +107,76 @@ def _latest(result: dict, keys) -> None:
 
 
 def run_charts(run) -> list[dict]:
-    """The Run's charts in key order: {key, svg, count, last_step, last_label}."""
+    """The Run's charts in key order: {key, svg, count, last_step, last_label, x_axis}."""
     charts = []
     for key, series in sorted(run_series([run.run_id])[run.run_id].items()):
-        charts.append({"key": key, "svg": drawing.line_chart(key, series.points), "count": series.count,
+        svg = (time_chart(key, series.points) if series.axis == TIME
+               else drawing.line_chart(key, series.points))
+        charts.append({"key": key, "svg": svg, "count": series.count, "x_axis": series.axis,
                        "last_step": series.last_step, "last_label": drawing._number(series.last_value)})
     return charts
 
 
-def overlay_chart(key: str, lines: list[tuple[str, list[tuple[int, float]]]], *, width: int = drawing.WIDTH,
-                  height: int = drawing.HEIGHT) -> SafeString:
+def compare_lines(key: str, labelled: list[tuple[str, Series | None]]) -> tuple[list, bool]:
+    """The lines of one metric of compared Runs, and whether they share a time axis: only when every Run
+    logged it without steps (time since each Run's first point); otherwise all go on the step axis."""
+    present = [series for _label, series in labelled if series is not None]
+    on_time = bool(present) and all(series.axis == TIME for series in present)
+    lines = [(label, [] if series is None else series.points if on_time else series.on_steps())
+             for label, series in labelled]
+    return lines, on_time
+
+
+def time_ticks(low: float, high: float, most: int = 5) -> list[int]:
+    """Ticks of a time axis in ms: the smallest round spacing (1 ms … 30 s, 1, 2, 5, 10, 15, 30 min,
+    1, 2, 3, 6, 12 h, whole days) that gives at most `most` of them between `low` and `high`."""
+    low, high = math.ceil(low), math.floor(high)
+    if high <= low:
+        return [low]
+    day = TIME_SPACINGS_MS[-1]
+    for spacing in TIME_SPACINGS_MS:
+        if high // spacing - -(-low // spacing) + 1 <= most:
+            break
+    else:  # longer than days: whole days, as many as step_ticks would put on a step axis
+        return [day * d for d in drawing.step_ticks(-(-low // day), high // day, most)]
+    first = -(-low // spacing) * spacing
+    return list(range(first, high + 1, spacing))
+
+
+def elapsed_label(ms: int) -> str:
+    """0s, 0.25s, 30s, 1m30s, 2h, 1h05m, 3d: compact, as the ticks of a time axis."""
+    if ms < 1_000 and ms % 1_000:
+        return f"{ms / 1000:g}s"
+    seconds = ms // 1000
+    days, rest = divmod(seconds, 86_400)
+    hours, rest = divmod(rest, 3_600)
+    minutes, secs = divmod(rest, 60)
+    if days:
+        return f"{days}d" + (f"{hours:02d}h" if hours else "")
+    if hours:
+        return f"{hours}h" + (f"{minutes:02d}m" if minutes else "")
+    if minutes:
+        return f"{minutes}m" + (f"{secs:02d}s" if secs else "")
+    return f"{seconds}s"
+
+
+def time_chart(key: str, points: list[tuple[int, float]]) -> SafeString:
+    """One series against time (x: ms since its first point), drawn as jobs.charts draws a series."""
+    return _chart(key, [("", points, COLORS[0])], time_axis=True, single=True)
+
+
+def overlay_chart(key: str, lines: list[tuple[str, list[tuple[int, float]]]], *, time_axis: bool = False,
+                  width: int = drawing.WIDTH, height: int = drawing.HEIGHT) -> SafeString:
     """One metric of several Runs on shared axes, one color each (COLORS, in the order given)."""
     drawn = [(label, points, COLORS[i % len(COLORS)]) for i, (label, points) in enumerate(lines) if points]
-    steps = [s for _l, points, _c in drawn for s, _v in points] or [0]
+    return _chart(key, drawn, time_axis=time_axis, width=width, height=height)
+
+
+def _chart(key: str, drawn: list[tuple[str, list[tuple[int, float]], str]], *, time_axis: bool,
+           single: bool = False, width: int = drawing.WIDTH, height: int = drawing.HEIGHT) -> SafeString:
+    xs = [at for _l, points, _c in drawn for at, _v in points] or [0]
     values = [v for _l, points, _c in drawn for _s, v in points] or [0.0]
-    x_low, x_high, y_low, y_high = min(steps), max(steps), min(values), max(values)
+    x_low, x_high, y_low, y_high = min(xs), max(xs), min(values), max(values)
     if x_low == x_high:
         x_low, x_high = x_low - 1, x_high + 1
     if y_low == y_high:
@@ -110,29 +185,40 @@ def overlay_chart(key: str, lines: list[tuple[str, list[tuple[int, float]]]], *,
     left, right, top, bottom = drawing.LEFT, drawing.RIGHT, drawing.TOP, drawing.BOTTOM
     plot_w, plot_h = width - left - right, height - top - bottom
 
-    def x(step: float) -> float:
-        return left + (step - x_low) / (x_high - x_low) * plot_w
+    def x(at: float) -> float:
+        return left + (at - x_low) / (x_high - x_low) * plot_w
 
     def y(value: float) -> float:
         return top + (1 - (value - y_low) / (y_high - y_low)) * plot_h
 
     label = escape(key)
-    parts = [f'<svg class="chart overlay" viewBox="0 0 {width} {height}" width="{width}" height="{height}" '
-             f'role="img" aria-label="{label}" xmlns="http://www.w3.org/2000/svg"><title>{label}</title>']
+    css = "chart" if single else "chart overlay"
+    axis = TIME if time_axis else STEP
+    parts = [f'<svg class="{css}" data-x-axis="{axis}" viewBox="0 0 {width} {height}" width="{width}" '
+             f'height="{height}" role="img" aria-label="{label}" xmlns="http://www.w3.org/2000/svg">'
+             f'<title>{label}</title>']
     for i in range(5):
         value = y_low + (y_high - y_low) * i / 4
         gy = y(value)
         parts.append(f'<line class="grid" stroke="#e3e6ec" x1="{left}" y1="{gy:.1f}" x2="{width - right}" '
                      f'y2="{gy:.1f}"/><text class="tick" font-size="12" fill="#5b6475" x="{left - 6}" '
                      f'y="{gy + 4:.1f}" text-anchor="end">{drawing._number(value)}</text>')
-    for step in drawing.step_ticks(x_low, x_high):
-        parts.append(f'<text class="tick" font-size="12" fill="#5b6475" x="{x(step):.1f}" y="{height - 8}" '
-                     f'text-anchor="middle">{step}</text>')
+    ticks = ([(t, elapsed_label(t)) for t in time_ticks(x_low, x_high)] if time_axis
+             else [(s, str(s)) for s in drawing.step_ticks(x_low, x_high)])
+    for at, text in ticks:
+        parts.append(f'<text class="tick" font-size="12" fill="#5b6475" x="{x(at):.1f}" y="{height - 8}" '
+                     f'text-anchor="middle">{text}</text>')
     parts.append(f'<line class="axis" stroke="#9aa3b2" x1="{left}" y1="{top + plot_h}" x2="{width - right}" '
                  f'y2="{top + plot_h}"/><line class="axis" stroke="#9aa3b2" x1="{left}" y1="{top}" x2="{left}" '
                  f'y2="{top + plot_h}"/>')
     for run_label, points, color in drawn:
         coordinates = " ".join(f"{x(s):.2f},{y(v):.2f}" for s, v in points)
+        if single:
+            parts.append(f'<polyline class="series" fill="none" stroke="{color}" stroke-width="2" '
+                         f'stroke-linejoin="round" points="{coordinates}"/>')
+            last_x, last_value = points[-1]
+            parts.append(f'<circle class="last" fill="{color}" cx="{x(last_x):.2f}" cy="{y(last_value):.2f}" r="3"/>')
+            continue
         parts.append(f'<polyline class="series" data-run="{escape(run_label)}" fill="none" stroke="{color}" '
                      f'stroke-width="2" stroke-linejoin="round" points="{coordinates}"><title>{escape(run_label)}'
                      f'</title></polyline>')

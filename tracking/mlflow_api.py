@@ -17,6 +17,7 @@ import math
 from functools import wraps
 
 from django.conf import settings
+from django.db.models import Q
 from django.core.exceptions import RequestDataTooBig
 from django.http import HttpResponse, JsonResponse
 from django.http.response import HttpResponseBase
@@ -26,12 +27,12 @@ from rest_framework import exceptions as drf_exceptions
 from mado.authentication import BearerTokenAuthentication
 from mado.choices import Scope
 from mado.services import Actor
-from mado.validation import bad_text_in, json_too_deep
-from tracking import access, services
+from mado.validation import bad_text_in, json_too_deep, may_hold_bad_text
+from tracking import access, experiments, services
 from tracking.choices import LifecycleStage
 from tracking.errors import MlflowError, invalid, not_found
-from tracking.models import Experiment, LatestMetric, Metric, Param, Run, RunInput, Tag, point_value
-from tracking.search import order_fields, parse_filter
+from tracking.models import Experiment, LatestMetric, Metric, Param, Run, RunInput, Tag
+from tracking.search import order_fields, parse_filter, split_identifier, string_q, tokenize
 from tracking.validation import INT64_MAX, as_long, experiment_id, validate_run_id
 
 logger = logging.getLogger(__name__)
@@ -92,12 +93,21 @@ class Call:
         if json_too_deep(body, MAX_DEPTH):
             raise MlflowError(f"The request body nests more than {MAX_DEPTH} levels deep; MLflow's parameters are "
                               "strings, numbers, and lists of objects such as tags.", "MALFORMED_REQUEST")
-        problem = bad_text_in(body)
+        problem = bad_text_in(body) if self._may_hold_bad_text() else None
         if problem is not None:
             where = problem[1].encode("utf-8", "replace").decode()[:200].replace("\x00", "?")
             what = f"Invalid {where}" if where.startswith("a key") else f"Invalid value for parameter '{where}'"
             raise invalid(f"{what} supplied: text may not contain NUL characters or unpaired surrogates (such as "
                           "\\ud800); send valid Unicode.")
+
+    def _may_hold_bad_text(self) -> bool:
+        """An ASCII JSON body (what MLflow's clients send) can hold a NUL or a lone surrogate only as a
+        \\u0000 or \\ud800-\\udfff escape (json.loads refuses raw control characters), so the walk over a
+        1000-point batch is skipped when there is none. Query strings are always walked."""
+        if self.request.method == "GET":
+            return True
+        raw = self.request.body
+        return not raw.isascii() or may_hold_bad_text(raw.decode("ascii"))
 
     def get(self, name, default=None):
         return self.body.get(name, default)
@@ -170,6 +180,13 @@ def endpoint(scope: str, methods=("POST",)):
     return decorate
 
 
+def require_scope(call: Call, scope: str) -> None:
+    """For an endpoint whose methods need different scopes (reads with `read`, writes with another): job
+    tokens pass (their service checks what they may write), other tokens need `scope`."""
+    if not call.principal.is_job and scope not in call.principal.scopes:
+        raise MlflowError(f"This token lacks the {scope} scope; issue a token that has it.", "PERMISSION_DENIED")
+
+
 def _json(data: dict) -> HttpResponse:
     return HttpResponse(json.dumps(data, allow_nan=False, separators=(",", ":")), content_type="application/json")
 
@@ -178,7 +195,8 @@ def _json(data: dict) -> HttpResponse:
 def not_found_view(request, path=""):
     return JsonResponse({"error_code": "ENDPOINT_NOT_FOUND",
                          "message": f"No MLflow endpoint at {request.path} on this server (Mado supports MLflow's "
-                                    "tracking API: experiments, runs, metrics and artifacts)."}, status=404)
+                                    "tracking API: experiments, runs, metrics, logged models and artifacts, and "
+                                    "its model registry)."}, status=404)
 
 
 # Serialization ----------------------------------------------------------------------------------------
@@ -233,7 +251,8 @@ def run_json(run: Run, *, prefetched: bool = False) -> dict:
     }
 
 
-def _page(call: Call, *, default: int, maximum: int) -> tuple[int, int]:
+def page_bounds(call: Call, *, default: int, maximum: int) -> tuple[int, int]:
+    """(offset, max_results) of a paged MLflow search: max_results checked, page_token decoded."""
     max_results = as_long(call.get("max_results"), "max_results", default=default, minimum=0)
     if max_results == 0:
         max_results = default
@@ -252,7 +271,8 @@ def _page(call: Call, *, default: int, maximum: int) -> tuple[int, int]:
     return offset, max_results
 
 
-def _token(offset: int) -> str:
+def page_token(offset: int) -> str:
+    """The next_page_token of a page that ends before `offset`."""
     return base64.b64encode(json.dumps({"offset": offset}).encode()).decode()
 
 
@@ -302,7 +322,7 @@ def experiments_get_by_name(call: Call):
 @endpoint(Scope.READ.value, methods=("GET", "POST"))
 def experiments_search(call: Call):
     services.default_experiment(call.project)
-    offset, limit = _page(call, default=1000, maximum=MAX_RESULTS_EXPERIMENTS)
+    offset, limit = page_bounds(call, default=1000, maximum=MAX_RESULTS_EXPERIMENTS)
     rows = access.experiments_visible_in(call.user, call.project).filter(
         lifecycle_stage__in=_view_stages(call.get("view_type")))
     text = call.string("filter")
@@ -312,19 +332,15 @@ def experiments_search(call: Call):
     page = list(rows[offset:offset + limit + 1])
     answer = {"experiments": [experiment_json(e) for e in page[:limit]]}
     if len(page) > limit:
-        answer["next_page_token"] = _token(offset + limit)
+        answer["next_page_token"] = page_token(offset + limit)
     return answer
 
 
 def _experiment_filter(text: str):
-    from tracking.search import _clause, _split_identifier, _tokens  # the same grammar, on experiments
-
-    from django.db.models import Q
-
-    tokens = _tokens(text)
+    tokens = tokenize(text)  # the runs' grammar, on experiments' names
     query, index = Q(), 0
     while index < len(tokens):
-        entity, key, index = _split_identifier(tokens, index, text)
+        entity, key, index = split_identifier(tokens, index, text)
         if entity not in ("attribute", "attributes") or key.lower() != "name" or index + 1 >= len(tokens):
             raise invalid(f"Invalid filter string '{text}': experiments are filtered by name "
                           "(name = 'x', name LIKE 'x%').")
@@ -333,8 +349,7 @@ def _experiment_filter(text: str):
         if op not in ("=", "!=", "LIKE", "ILIKE") or operand[0] != "string":
             raise invalid(f"Invalid filter string '{text}': use name = 'x', name != 'x', name LIKE 'x%' or "
                           "name ILIKE 'x%'.")
-        from tracking.search import _string_q
-        query &= _string_q("name", op, operand)
+        query &= string_q("name", op, operand)
         index += 2
         if index < len(tokens):
             if tokens[index][1].upper() != "AND":
@@ -343,6 +358,24 @@ def _experiment_filter(text: str):
             if index >= len(tokens):
                 raise invalid(f"Invalid filter string '{text}': a comparison must follow AND.")
     return query
+
+
+@endpoint(RUNS_WRITE)
+def experiments_update(call: Call):
+    experiments.rename_experiment(call.actor, call.principal, _experiment(call), call.get("new_name"))
+    return {}
+
+
+@endpoint(RUNS_WRITE)
+def experiments_delete(call: Call):
+    experiments.delete_experiment(call.actor, call.principal, _experiment(call))
+    return {}
+
+
+@endpoint(RUNS_WRITE)
+def experiments_restore(call: Call):
+    experiments.restore_experiment(call.actor, call.principal, _experiment(call))
+    return {}
 
 
 # Runs -------------------------------------------------------------------------------------------------
@@ -384,7 +417,7 @@ def runs_get(call: Call):
 
 @endpoint(Scope.READ.value)
 def runs_search(call: Call):
-    offset, limit = _page(call, default=DEFAULT_RESULTS_RUNS, maximum=MAX_RESULTS_RUNS)
+    offset, limit = page_bounds(call, default=DEFAULT_RESULTS_RUNS, maximum=MAX_RESULTS_RUNS)
     ids = call.getlist("experiment_ids")
     experiments = []
     for value in ids:
@@ -402,7 +435,7 @@ def runs_search(call: Call):
     page = list(rows[offset:offset + limit + 1])
     answer = {"runs": [run_json(r, prefetched=True) for r in page[:limit]]}
     if len(page) > limit:
-        answer["next_page_token"] = _token(offset + limit)
+        answer["next_page_token"] = page_token(offset + limit)
     return answer
 
 
@@ -457,24 +490,15 @@ def metrics_get_history(call: Call):
     # jobs accept more freely, are read back by this too); an unknown key answers an empty history.
     key = call.string("metric_key", required=True)
     max_results = as_long(call.get("max_results"), "max_results", default=None, minimum=0)
-    offset, _limit = _page(call, default=1, maximum=INT64_MAX) if call.get("page_token") else (0, 0)
+    offset, _limit = page_bounds(call, default=1, maximum=INT64_MAX) if call.get("page_token") else (0, 0)
     rows = Metric.objects.filter(run=run, key=key).order_by("step", "timestamp", "id").values_list(
         "value", "is_nan", "timestamp", "step")
     if max_results:
         page = list(rows[offset:offset + max_results + 1])
     else:
         page = list(rows[offset:]) if offset else list(rows)
-    answer = {"metrics": [metric_json(key, point_value(v, nan), t, s)
-                          for v, nan, t, s in (page[:max_results] if max_results else page)]}
+    # Written as text, not as a dict per point for json.dumps: most of a long history's time went there.
+    answer = '{"metrics":' + services.metric_history_json(key, page[:max_results] if max_results else page)
     if max_results and len(page) > max_results:
-        answer["next_page_token"] = _token(offset + max_results)
-    return answer
-
-
-@endpoint(Scope.READ.value, methods=("POST",))
-def logged_models_search(call: Call):
-    """MLflow 3's logged models are not kept yet: the search answers an empty list, so clients that
-    look for a Run's models (MlflowClient.list_artifacts does) carry on with the Run's own artifacts."""
-    for value in call.getlist("experiment_ids"):
-        experiment_id(value, "experiment_ids")
-    return {"models": []}
+        answer += ',"next_page_token":' + json.dumps(page_token(offset + max_results))
+    return HttpResponse(answer + "}", content_type="application/json")

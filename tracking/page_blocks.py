@@ -3,4 +3,5 @@ from jobs.page_blocks import register_job_block
 from tracking import views
 
 register_job_block("tracking.run", template="tracking/partials/_run_panel.html",
-                   context=views.job_block_context, version=views.job_block_version)
+                   context=views.job_block_context, version=views.job_block_version,
+                   replaces=("metrics",))  # the Run panel draws the Job's metric series

@@ -38,7 +38,7 @@ STRING_OPS = {"=", "!=", "LIKE", "ILIKE", "IN", "NOT IN"}
 NUMERIC_OPS = {"=", "!=", "<", "<=", ">", ">="}
 
 
-def _tokens(text: str) -> list[tuple[str, str]]:
+def tokenize(text: str) -> list[tuple[str, str]]:
     tokens, position = [], 0
     text = text.rstrip()
     while position < len(text):
@@ -52,20 +52,20 @@ def _tokens(text: str) -> list[tuple[str, str]]:
     return tokens
 
 
-def _unquote(value: str) -> str:
+def unquote(value: str) -> str:
     if value[:1] in "'\"`" and value[-1:] == value[:1] and len(value) >= 2:
         inner = value[1:-1]
         return inner.replace("''", "'") if value[0] == "'" else inner
     return value
 
 
-def _split_identifier(tokens: list, index: int, text: str) -> tuple[str, str, int]:
+def split_identifier(tokens: list, index: int, text: str) -> tuple[str, str, int]:
     """`metrics.acc`, `params."a b"`, tags.<backticked key>, or a bare attribute; returns (entity, key, next)."""
     kind, value = tokens[index]
     if kind == "word" and "." in value:
         entity, _dot, key = value.partition(".")
         if key == "" and index + 1 < len(tokens) and tokens[index + 1][0] in ("string", "backtick"):
-            return entity.lower(), _unquote(tokens[index + 1][1]), index + 2
+            return entity.lower(), unquote(tokens[index + 1][1]), index + 2
         if key:
             return entity.lower(), key, index + 1
     if kind == "word":
@@ -77,10 +77,10 @@ def parse_filter(text: str | None) -> Q:
     if not text or not str(text).strip():
         return Q()
     text = str(text)
-    tokens = _tokens(text)
+    tokens = tokenize(text)
     query, index = Q(), 0
     while index < len(tokens):
-        entity, key, index = _split_identifier(tokens, index, text)
+        entity, key, index = split_identifier(tokens, index, text)
         if index >= len(tokens):
             raise invalid(f"Invalid filter string '{text}': a comparison is missing after '{entity}.{key}'.")
         kind, value = tokens[index]
@@ -102,7 +102,7 @@ def parse_filter(text: str | None) -> Q:
         if op in ("IS NULL", "IS NOT NULL"):
             operand = None
         elif op in ("IN", "NOT IN"):
-            operand, index = _parse_list(tokens, index, text)
+            operand, index = parse_list(tokens, index, text)
         else:
             if index >= len(tokens):
                 raise invalid(f"Invalid filter string '{text}': a value is missing after '{op}'.")
@@ -119,7 +119,7 @@ def parse_filter(text: str | None) -> Q:
     return query
 
 
-def _parse_list(tokens, index, text) -> tuple[list[str], int]:
+def parse_list(tokens, index, text) -> tuple[list[str], int]:
     if index >= len(tokens) or tokens[index][0] != "lparen":
         raise invalid(f"Invalid filter string '{text}': IN takes a list of quoted strings, as ('a', 'b').")
     values, index = [], index + 1
@@ -130,36 +130,36 @@ def _parse_list(tokens, index, text) -> tuple[list[str], int]:
             continue
         if kind != "string":
             raise invalid(f"Invalid filter string '{text}': IN takes a list of quoted strings.")
-        values.append(_unquote(value))
+        values.append(unquote(value))
         index += 1
     if index >= len(tokens):
         raise invalid(f"Invalid filter string '{text}': the list after IN is not closed.")
     return values, index + 1
 
 
-def _like_regex(pattern: str) -> str:
+def like_regex(pattern: str) -> str:
     out = []
     for char in pattern:
         out.append(".*" if char == "%" else "." if char == "_" else re.escape(char))
     return "^" + "".join(out) + "$"
 
 
-def _string_q(field: str, op: str, operand) -> Q:
+def string_q(field: str, op: str, operand) -> Q:
     if op in ("IN", "NOT IN"):
         q = Q(**{f"{field}__in": operand})
         return ~q if op == "NOT IN" else q
     kind, raw = operand
     if kind not in ("string", "number", "word"):
         raise invalid(f"Invalid value {raw} in a filter: expected a quoted string.")
-    value = _unquote(raw)
+    value = unquote(raw)
     if op == "=":
         return Q(**{field: value})
     if op == "!=":
         return ~Q(**{field: value})
     if op == "LIKE":
-        return Q(**{f"{field}__regex": _like_regex(value)})
+        return Q(**{f"{field}__regex": like_regex(value)})
     if op == "ILIKE":
-        return Q(**{f"{field}__iregex": _like_regex(value)})
+        return Q(**{f"{field}__iregex": like_regex(value)})
     raise invalid(f"Invalid comparator '{op}' for a string; use one of =, !=, LIKE, ILIKE, IN, NOT IN.")
 
 
@@ -200,7 +200,7 @@ def _whole_q(field: str, op: str, value: float, text: str) -> Q:
 
 
 def _clause(entity: str, key: str, op: str, operand, text: str) -> Q:
-    key = _unquote(key)
+    key = unquote(key)
     if entity in METRIC:
         if op not in NUMERIC_OPS:
             raise invalid(f"Invalid comparator '{op}' for metrics; use one of =, !=, <, <=, >, >=.")
@@ -216,9 +216,9 @@ def _clause(entity: str, key: str, op: str, operand, text: str) -> Q:
             raise invalid(f"Invalid comparator '{op}' for {entity}; use one of =, !=, LIKE, ILIKE, IN, NOT IN.")
         if op in ("!=", "NOT IN"):
             positive = "=" if op == "!=" else "IN"
-            rows = model.objects.filter(run=OuterRef("pk"), key=key).exclude(_string_q("value", positive, operand))
+            rows = model.objects.filter(run=OuterRef("pk"), key=key).exclude(string_q("value", positive, operand))
         else:
-            rows = model.objects.filter(run=OuterRef("pk"), key=key).filter(_string_q("value", op, operand))
+            rows = model.objects.filter(run=OuterRef("pk"), key=key).filter(string_q("value", op, operand))
         return Q(Exists(rows))
     if entity in ATTRIBUTE:
         name = key.lower()
@@ -235,7 +235,7 @@ def _clause(entity: str, key: str, op: str, operand, text: str) -> Q:
         if op not in STRING_OPS:
             raise invalid(f"Invalid comparator '{op}' for attribute {key}; use one of =, !=, LIKE, ILIKE, IN, "
                           "NOT IN.")
-        return _string_q(field, op, operand)
+        return string_q(field, op, operand)
     raise invalid(f"Invalid entity type '{entity}'. Valid values are ['metric', 'parameter', 'tag', 'attribute'].")
 
 
@@ -251,11 +251,11 @@ def order_fields(order_by) -> tuple[dict, list]:
         match = _ORDER.match(clause)
         if not match:
             raise invalid(f"Invalid order_by clause '{clause}'.")
-        tokens = _tokens(match["ident"])
-        entity, key, used = _split_identifier(tokens, 0, clause)
+        tokens = tokenize(match["ident"])
+        entity, key, used = split_identifier(tokens, 0, clause)
         if used != len(tokens):
             raise invalid(f"Invalid order_by clause '{clause}'.")
-        key = _unquote(key)
+        key = unquote(key)
         descending = (match["dir"] or "ASC").upper() == "DESC"
         if entity in METRIC or entity in PARAM or entity in TAG:
             model = LatestMetric if entity in METRIC else Param if entity in PARAM else Tag

@@ -1,4 +1,5 @@
-"""/mlflow/…: MLflow's REST API 2.0 paths (the client appends them to MLFLOW_TRACKING_URI)."""
+"""/mlflow/…: MLflow's REST API 2.0 paths (the client appends them to MLFLOW_TRACKING_URI). Logged models
+(logged-models/…, runs/outputs) are the registry app's (registry.urls, included ahead of these)."""
 from django.urls import path, re_path
 
 from tracking import artifacts
@@ -11,6 +12,9 @@ urlpatterns = [
     path(P + "experiments/get", api.experiments_get),
     path(P + "experiments/get-by-name", api.experiments_get_by_name),
     path(P + "experiments/search", api.experiments_search),
+    path(P + "experiments/update", api.experiments_update),
+    path(P + "experiments/delete", api.experiments_delete),
+    path(P + "experiments/restore", api.experiments_restore),
     path(P + "runs/create", api.runs_create),
     path(P + "runs/update", api.runs_update),
     path(P + "runs/delete", api.runs_delete),
@@ -24,7 +28,6 @@ urlpatterns = [
     path(P + "runs/log-batch", api.runs_log_batch),
     path(P + "runs/log-inputs", api.runs_log_inputs),
     path(P + "metrics/get-history", api.metrics_get_history),
-    path(P + "logged-models/search", api.logged_models_search),
     path(P + "artifacts/list", artifacts.run_artifacts_list),
     path("api/2.0/mlflow-artifacts/artifacts", artifacts.artifact_list),
     path("api/2.0/mlflow-artifacts/artifacts/<path:path>", artifacts.artifact),

@@ -21,7 +21,7 @@ from django_htmx.http import HttpResponseStopPolling
 
 from mado import access as identity
 from tracking import access, charts
-from tracking.artifacts import root_of
+from tracking.artifacts import MAX_NAME_BYTES, MAX_PATH_BYTES, root_of
 from tracking.choices import TERMINAL_RUN_STATUSES, LifecycleStage, RunKind, RunStatus
 from tracking.models import LatestMetric, Metric, Param, Run, point_value
 
@@ -175,7 +175,7 @@ def run_compare(request, project):
             "least": COMPARE_MIN, "most": COMPARE_MAX, "count": len(run_ids)}
         return render(request, "tracking/run_compare.html", context, status=400)
     found = {run.run_id: run for run in access.runs_visible_in(request.user, project)
-             .filter(pk__in=[r[:32] for r in run_ids]).select_related("experiment", "created_by")}
+             .filter(pk__in=run_ids).select_related("experiment", "created_by")}
     if len(found) != len(run_ids):
         raise Http404("Some of these Runs are not in this project.")
     runs = [found[r] for r in run_ids]
@@ -185,9 +185,10 @@ def run_compare(request, project):
               for i, run in enumerate(runs)]
     compared = []
     for key in keys:
-        lines = [(run.name or run.run_id, series[run.run_id][key].points if key in series[run.run_id] else [])
-                 for run in runs]
-        compared.append({"key": key, "svg": charts.overlay_chart(key, lines),
+        lines, on_time = charts.compare_lines(key, [(run.name or run.run_id, series[run.run_id].get(key))
+                                                    for run in runs])
+        compared.append({"key": key, "svg": charts.overlay_chart(key, lines, time_axis=on_time),
+                         "x_axis": charts.TIME if on_time else charts.STEP,
                          "runs": sum(1 for _label, points in lines if points)})
     param_rows = {}
     for run_id, key, value in Param.objects.filter(run_id__in=run_ids).values_list("run_id", "key", "value"):
@@ -206,7 +207,7 @@ def run_compare(request, project):
 def _run(request, project, run_id) -> tuple:
     project = identity.project_for_user(request.user, project)
     run = (access.runs_visible_in(request.user, project).select_related("experiment", "created_by")
-           .filter(pk=run_id[:32]).first())
+           .filter(pk=run_id).first())
     if run is None:
         raise Http404("No Run with this id in this project.")
     return project, run
@@ -241,9 +242,27 @@ def run_panel(request, project, run_id):
 def run_artifact(request, project, run_id, path):
     """An artifact the running code logged, always as a download of bytes."""
     _project, run = _run(request, project, run_id)
-    root = root_of(run).resolve()
-    target = (root / path).resolve()
-    if root not in target.parents or not target.is_file() or target.name.endswith((".uploading", ".lock")):
-        raise Http404("No such artifact in this Run.")
+    target = _artifact_file(root_of(run), path)
+    if target is None:
+        raise Http404(_("No such artifact in this Run; artifact paths are relative to the Run's artifacts, "
+                        "without '..', as the Run's page lists them."))
     return FileResponse(open(target, "rb"), as_attachment=True, filename=target.name,
                         content_type="application/octet-stream")
+
+
+def _artifact_file(root: Path, path: str) -> Path | None:
+    """The complete file at `path` inside `root`, or None: '..', '.', empty parts, absolute paths, NUL,
+    backslashes and names the file system refuses are turned away before the file system sees them, and a
+    path that leads out of the root through a link is found by resolving it."""
+    parts = path.split("/")
+    if ("\x00" in path or "\\" in path or any(part in ("", ".", "..") for part in parts)
+            or len(path.encode("utf-8", "surrogateescape")) > MAX_PATH_BYTES
+            or any(len(part.encode("utf-8", "surrogateescape")) > MAX_NAME_BYTES for part in parts)):
+        return None
+    root = root.resolve()
+    target = (root / path).resolve()
+    try:
+        inside = root in target.parents and target.is_file()
+    except OSError:  # e.g. a path the file system cannot look up
+        return None
+    return target if inside and not target.name.endswith((".uploading", ".lock")) else None
