@@ -82,10 +82,10 @@ def run(total: int) -> None:
     from tests.datasets_transfer.conftest import make_version
     from tests.peers.sshd import start_sshd
 
-    import workers.api
+    import worker_api.views
 
-    original = workers.api.worker_job_payload  # until jobs/serializers carries input_datasets itself
-    workers.api.worker_job_payload = lambda job, token: {"input_datasets": services.claim_payload(job),
+    original = worker_api.views.worker_job_payload  # until jobs/serializers carries input_datasets itself
+    worker_api.views.worker_job_payload = lambda job, token: {"input_datasets": services.claim_payload(job),
                                                          **original(job, token)}
 
     server = LiveServerThread("127.0.0.1", _StaticFilesHandler, connections_override={}, port=0)

@@ -1,9 +1,10 @@
 """HTML routes of Computers under Global settings; included at the root by mado/urls.py."""
 from django.urls import path
 
-from computers import group_views, views
+from computers import compute_page, group_views, views
 
 urlpatterns = [
+    path("projects/<slug:project>/compute/", compute_page.project_compute, name="project-compute"),
     path("settings/computers/", views.computer_list, name="computers"),
     path("settings/computers/groups/", group_views.group_list, name="compute-groups"),
     path("settings/computers/groups/new", group_views.group_edit, name="compute-group-add"),

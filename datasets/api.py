@@ -5,7 +5,6 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from django.db import transaction
 from django.db.models import Count, Q
 from django.http import HttpResponse, JsonResponse, StreamingHttpResponse
 from drf_spectacular.utils import OpenApiTypes, extend_schema
@@ -16,15 +15,11 @@ from rest_framework.views import APIView
 from datasets import access, services
 from datasets.choices import VersionStatus
 from datasets.models import DatasetVersion
-from jobs import services as job_services
-from jobs.choices import HELD_STATUSES
 from mado.api.views import json_object, project_for
 from mado.choices import Role, Scope
-from mado.errors import Conflict, ServiceError
+from mado.errors import Conflict
 from mado.exceptions import error_body
 from mado.services import Actor
-from mado.validation import BIGINT_MAX, INT32_MAX
-from workers.api import LeasedBodySerializer, LeasedJobView, QueryLeaseMixin, WorkerView, lease_query
 
 WRITE = {"GET": Scope.READ, "POST": Scope.REGISTRY_WRITE, "PUT": Scope.REGISTRY_WRITE}
 VERSION_PAGE = 200
@@ -48,17 +43,6 @@ class ManifestEntrySerializer(serializers.Serializer):
 
 class VersionCreateSerializer(serializers.Serializer):
     manifest = ManifestEntrySerializer(many=True, allow_empty=False)
-
-
-class CacheUsageSerializer(serializers.Serializer):
-    used_bytes = serializers.IntegerField(min_value=0, max_value=BIGINT_MAX)
-    limit_bytes = serializers.IntegerField(min_value=0, max_value=BIGINT_MAX)
-    complete_count = serializers.IntegerField(min_value=0, max_value=INT32_MAX)
-    pinned_count = serializers.IntegerField(min_value=0, max_value=INT32_MAX)
-
-
-class CacheReportSerializer(LeasedBodySerializer):
-    usage = CacheUsageSerializer()
 
 
 def dataset_body(dataset, version_count: int | None = None) -> dict:
@@ -230,62 +214,3 @@ def _read(location, start: int, length: int):
                 return
             length -= len(block)
             yield block
-
-
-# The serving worker reads a job's input versions (relay transfer) ------------------------------
-
-def _leased_input(view, request, job_id: int, version_pk: int) -> DatasetVersion:
-    job = view.query_leased(request, job_id)
-    if job.status not in HELD_STATUSES:
-        raise Conflict(f"Job {job.pk} already ended ({job.status}); its inputs are no longer needed.", "job_ended")
-    return services.job_input(job, version_pk)
-
-
-class WorkerInputManifestView(QueryLeaseMixin, WorkerView):
-    """GET ?worker_id=&lease_id=: the manifest of an input version of a job this worker holds."""
-
-    required_scopes = {"GET": Scope.WORKER_EXECUTE}
-
-    @extend_schema(operation_id="worker_job_dataset_manifest", responses=OpenApiTypes.OBJECT,
-                   parameters=lease_query())
-    def get(self, request, job_id, version):
-        version = _leased_input(self, request, job_id, version)
-        return Response({"digest": version.digest, "items": version.manifest()})
-
-
-class WorkerInputFileView(QueryLeaseMixin, WorkerView):
-    """GET ?worker_id=&lease_id=: one file of an input version (Range allowed), for the worker that
-    holds the job; its token may belong to another project than the job's."""
-
-    required_scopes = {"GET": Scope.WORKER_EXECUTE}
-
-    @extend_schema(operation_id="worker_job_dataset_file", parameters=lease_query(),
-                   responses={(200, "application/octet-stream"): OpenApiTypes.BINARY})
-    def get(self, request, job_id, version, path):
-        version = _leased_input(self, request, job_id, version)
-        entry = services.entry_for(version, path)
-        return ranged_file(request, services.media(entry.file.file.name), entry.size, entry.sha256)
-
-
-class WorkerCacheUsageView(LeasedJobView):
-    """POST {worker_id, lease_id, usage}: the computer's dataset cache as found after the inputs of
-    this job were ensured (shown on the computer's details page)."""
-
-    @extend_schema(operation_id="worker_job_dataset_cache", request=CacheReportSerializer,
-                   responses=OpenApiTypes.OBJECT)
-    def post(self, request, job_id):
-        body = self.leased_body()
-        with transaction.atomic():
-            job = job_services.leased(self.worker(), job_id, body["lease_id"])
-            _check_cache_counts(body.get("usage"))
-            services.record_cache_usage(job, body.get("worker_id"), body.get("usage"))
-        return Response({"recorded": True})
-
-
-def _check_cache_counts(usage) -> None:
-    """The report's version and pinned counts are 32-bit columns: a larger count is refused here, where
-    the database would otherwise fail (found by tests/test_fuzz_schema.py)."""
-    counts = [usage.get(k) for k in ("complete_count", "pinned_count")] if isinstance(usage, dict) else []
-    if any(isinstance(count, int) and count > INT32_MAX for count in counts):
-        raise ServiceError(f"usage counts complete_count and pinned_count are whole numbers from 0 to {INT32_MAX}.",
-                           "invalid_usage", fields={"usage": ["Count out of range."]})

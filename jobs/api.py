@@ -9,7 +9,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from jobs import access, executors, outputs, services, waiting
-from jobs.choices import JobStatus, Stream
+from jobs.choices import Stream
 from jobs.models import Job
 from jobs.serializers import (
     JobCreateSerializer,

@@ -39,7 +39,6 @@ urlpatterns = [
     path("projects/<slug:project>/settings/tokens/new", views.personal_token_create, name="personal-token-create"),
     path("projects/<slug:project>/settings/tokens/<int:token_id>/revoke", views.token_revoke, name="token-revoke"),
     path("", include("computers.urls")),
-    path("", include("workers.urls")),
     path("", include("jobs.urls")),
     path("", include("tracking.page_urls")),  # Runs pages (projects/<p>/runs/…)
     path("", include("sites.urls")),

@@ -26,11 +26,11 @@ def test_an_upward_import_breaks_the_contract(tmp_path):
     """The checker sees an upward import: without one of the recorded exceptions, the contract breaks and
     names the import (so the list of exceptions can only shrink)."""
     config = (ROOT / ".importlinter").read_text()
-    recorded = "    workers.api -> jobs.services\n"
+    recorded = "    jobs.services -> datasets.services\n"
     assert recorded in config
     stricter = tmp_path / "importlinter.ini"
     stricter.write_text(config.replace(recorded, ""))
     result = lint_imports(stricter)
     assert result.returncode != 0
-    assert "workers is not allowed to import jobs" in result.stdout
-    assert "workers.api -> jobs.services" in result.stdout
+    assert "jobs is not allowed to import datasets" in result.stdout
+    assert "jobs.services -> datasets.services" in result.stdout

@@ -19,6 +19,7 @@ urlpatterns = [
     path("tokens/<int:token_id>/revoke", views.TokenRevokeView.as_view(), name="api-token-revoke"),
     path("", include("computers.api_urls")),
     path("", include("workers.api_urls")),
+    path("", include("worker_api.urls")),
     path("", include("jobs.api_urls")),
     path("", include("sites.api_urls")),
     path("schema/", SpectacularAPIView.as_view(permission_classes=[], authentication_classes=[]), name="api-schema"),

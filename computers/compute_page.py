@@ -1,4 +1,5 @@
-"""The project's Compute page: the computers usable in the project (read only) and its Workers."""
+"""The project's Compute page: the computers usable in the project (read only) and its Workers (computers
+sits above workers, so the page that shows both lives here)."""
 from __future__ import annotations
 
 from django.contrib.auth.decorators import login_required
