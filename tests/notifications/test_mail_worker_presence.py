@@ -58,8 +58,10 @@ def test_the_worker_offline_mail_arrives_within_150_s_of_the_last_hello_and_the_
     assert len(smtp_server.with_subject("is offline")) == 1
     assert AuditEvent.objects.filter(action="worker.offline", object_id=str(worker.pk)).count() == 1
     assert AuditEvent.objects.filter(action="worker.online", object_id=str(worker.pk)).count() == 1
-    assert sorted(Delivery.objects.values_list("event", "status")) == [
-        ("worker.offline", "delivered"), ("worker.online", "delivered")]
+    # The runner records the delivery after the SMTP server took the mail: wait for that write.
+    expected = [("worker.offline", "delivered"), ("worker.online", "delivered")]
+    wait_for(lambda: sorted(Delivery.objects.values_list("event", "status")) == expected, timeout=30,
+             what=f"both deliveries recorded as delivered (now {list(Delivery.objects.values_list('event', 'status'))})")
     assert "Traceback" not in runner.output()
 
 
