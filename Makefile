@@ -72,6 +72,7 @@ bench: venv
 	$(PY) bench/claim_throughput.py
 	$(PY) bench/relay_throughput.py
 	$(PY) bench/tracking_throughput.py
+	$(PY) bench/chart_render.py
 
 clean:
 	rm -rf $(VENV) var

@@ -8,7 +8,7 @@ from rest_framework import exceptions
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from jobs import access, executors, outputs, services, waiting
+from jobs import access, executors, inputs, outputs, services, waiting
 from jobs.choices import Stream
 from jobs.models import Job
 from jobs.serializers import (
@@ -25,7 +25,6 @@ from mado.api.views import json_object, project_for
 from mado.choices import Role, Scope
 from mado.services import Actor
 from mado.validation import BIGINT_MAX, as_int
-from datasets.services import PREFETCH_JOB_INPUTS
 
 LOG_PAGE = 500
 JOB_PAGE = 200
@@ -67,7 +66,7 @@ class ProjectJobsView(APIView):
     def get(self, request, project):
         project = project_for(request, project)
         jobs = (access.visible_in(request.user, project).select_related("project", "target", "created_by", "worker")
-                .prefetch_related(PREFETCH_JOB_INPUTS))
+                .prefetch_related(*inputs.prefetch_lookups()))
         status = request.query_params.get("status")
         if status:
             jobs = jobs.filter(status=status)

@@ -14,8 +14,7 @@ from django.utils.translation import gettext_lazy as _
 from computers import access as computer_access
 from computers.choices import Kind, Runtime
 from computers.models import ComputeGroup, ComputeTarget
-from datasets import services as dataset_services
-from jobs import hooks
+from jobs import hooks, inputs
 from jobs.choices import MAX_CLUSTER_SIZE, ClusterMode
 from jobs.services import CONTAINER_RUNTIMES, MAX_SITE_GPUS
 from mado.forms import add_service_error as shared_add_service_error
@@ -106,8 +105,7 @@ class JobForm(forms.Form):
 
     def __init__(self, data=None, *, user, project=None, initial=None):
         super().__init__(data, initial=initial)
-        self.fields["input_datasets"].choices = (dataset_services.input_choices(user, project)
-                                                 if project is not None else [])
+        self.fields["input_datasets"].choices = inputs.choices(user, project)  # none without datasets
         self.computers = list(computer_access.usable_by(user).filter(enabled=True).order_by("name"))
         self.fields["computer"].choices = [("", "—")] + [(str(c.pk), c.name) for c in self.computers]
         if len(self.computers) == 1 and not self._raw("computer"):

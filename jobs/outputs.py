@@ -14,7 +14,6 @@ from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 from django.utils.translation import gettext as _
 
-from datasets import services as dataset_services
 from jobs import hooks, storage
 from jobs.choices import HELD_STATUSES
 from jobs.models import Artifact, Job, Metric, SourceArchive
@@ -27,18 +26,27 @@ from worker_agent import results
 GZIP_MAGIC = b"\x1f\x8b"
 
 
-# result.json `models` ---------------------------------------------------------------------------
-# jobs may not import the registry (DESIGN §2): the registry app registers its handler here in its
-# AppConfig.ready(). check(job, models) runs when the declaration arrives (raise ServiceError to refuse
-# it, as the other result.json errors); register(job) runs in the completion transaction of a finished
-# job, after every declared artifact arrived. Without a handler, declared models are kept in job.result only.
+# result.json `datasets` and `models` ------------------------------------------------------------
+# jobs may not import the apps that keep them (DESIGN §2): datasets and the registry register a handler
+# of their section here in their AppConfig.ready(). check(job, declared) runs when the declaration arrives
+# (raise ServiceError to refuse it, as the other result.json errors); register(job) runs in the completion
+# transaction of a finished job, after every declared artifact arrived. Without a handler, a section's
+# declarations are kept in job.result only.
 
-_models_handlers: dict[str, tuple] = {}
+SECTIONS = ("datasets", "models")  # checked and registered in this order
+_section_handlers: dict[str, dict[str, tuple]] = {section: {} for section in SECTIONS}
+
+
+def register_section_handler(section: str, name: str, *, check, register) -> None:
+    """Add a handler of one result.json section. The same name again replaces it (ready() may run twice
+    in tests)."""
+    _section_handlers[section][name] = (check, register)
 
 
 def register_models_handler(name: str, *, check, register) -> None:
-    """Add a handler of declared models. The same name again replaces it (ready() may run twice in tests)."""
-    _models_handlers[name] = (check, register)
+    register_section_handler("models", name, check=check, register=register)
+
+
 RANGE = re.compile(r"^bytes (\d+)-(\d+)/(\d+)$")
 
 
@@ -155,10 +163,11 @@ def record_outputs(job: Job, *, result_text, files, manifest_text, token_scopes:
     if (validated.models or validated.datasets) and Scope.REGISTRY_WRITE not in token_scopes:
         raise ServiceError("Declaring models or datasets needs a worker token with registry:write; issue one.",
                            "registry_write_required")
-    dataset_services.check_declarations(job.project, validated.datasets)
-    if validated.models:
-        for check, _register in list(_models_handlers.values()):
-            check(job, validated.models)
+    for section in SECTIONS:
+        declared = getattr(validated, section)
+        if declared:
+            for check, _register in list(_section_handlers[section].values()):
+                check(job, declared)
     # Dataset file lists can hold 100 000 entries: the job keeps the counts and digests, not the lists.
     datasets = [{k: v for k, v in d.items() if k != "files"} for d in validated.datasets]
     summary = {"version": validated.version, "models": validated.models, "datasets": datasets,
@@ -234,14 +243,14 @@ def _finish_artifact(job: Job, artifact: Artifact, part: Path, received: int) ->
     return artifact
 
 
-def register_datasets(job: Job) -> None:
+def register_declared(job: Job) -> None:
     """The finished job's `datasets` declarations become dataset versions made of its uploaded output
     files, and its `models` declarations model versions (through the handlers registered above). Call
     inside the completion transaction, after every declared artifact arrived."""
-    dataset_services.register_job_outputs(job)
-    if (job.result or {}).get("models"):
-        for _check, register in list(_models_handlers.values()):
-            register(job)
+    for section in SECTIONS:
+        if (job.result or {}).get(section):
+            for _check, register in list(_section_handlers[section].values()):
+                register(job)
 
 
 def missing_artifacts(job: Job) -> list[str]:

@@ -6,8 +6,7 @@ from django.conf import settings
 from rest_framework import serializers
 
 from computers.choices import Runtime
-from datasets import services as dataset_services
-from jobs import access, cluster, hooks, waiting
+from jobs import access, cluster, hooks, inputs, waiting
 from jobs.choices import MAX_CLUSTER_SIZE, ClusterMode, Stream
 from jobs.models import Job
 from jobs.services import MAX_METRICS_PER_CALL, MAX_SITE_GPUS, MAX_WALLTIME
@@ -33,7 +32,7 @@ def job_body(user, job: Job, *, is_project_admin: bool | None = None, waiting_re
         "env": job.env,
         "gpu_ids": job.gpu_ids,
         "gpu_count": job.gpu_count,  # sites only: how many GPUs the scheduler gives; null elsewhere
-        "input_datasets": dataset_services.job_inputs_summary(job),
+        "input_datasets": inputs.summary(job),
         "walltime_seconds": job.walltime_seconds,
         **cluster_body(job),
         "status": job.status,
@@ -79,7 +78,7 @@ def worker_job_payload(job: Job, token: str | None) -> dict:
         "gpu_ids": job.gpu_ids,
         "walltime_seconds": job.walltime_seconds,
         "cancel_requested": job.stop_requested_at is not None,
-        "input_datasets": dataset_services.claim_payload(job),
+        "input_datasets": inputs.claim_payload(job),
         "api_url": settings.PUBLIC_URL,
         "computer": worker_computer(target),
         **worker_cluster(job),
@@ -183,15 +182,22 @@ class JobCreateSerializer(serializers.Serializer):
     cluster_size = serializers.IntegerField(required=False, min_value=1, max_value=MAX_CLUSTER_SIZE)
     cluster_mode = serializers.ChoiceField(choices=ClusterMode.choices, required=False)
     gpus_per_replica = serializers.IntegerField(required=False, min_value=0, max_value=cluster.MAX_GPUS_PER_REPLICA)
+    # Its maxItems is the installed inputs provider's (jobs.inputs), known only once the apps are ready.
     input_datasets = serializers.ListField(child=serializers.IntegerField(min_value=1, max_value=BIGINT_MAX),
-                                           required=False, max_length=dataset_services.MAX_INPUTS,
-                                           help_text="Complete dataset version ids the job reads.")
+                                           required=False, help_text="Complete dataset version ids the job reads.")
     notify_me = serializers.BooleanField(required=False,
                                          help_text="E-mail the creator when the job finishes or fails.")
     # Read by tracking through jobs.hooks, which checks it (400 naming run_kind); jobs may not import its choices.
     run_kind = serializers.CharField(required=False,
                                      help_text="The kind of the job's Run: training, fine-tuning, inference, "
                                                "evaluation, preprocessing or other (the default).")
+
+    def get_fields(self):
+        fields = super().get_fields()
+        fields["input_datasets"] = serializers.ListField(
+            child=serializers.IntegerField(min_value=1, max_value=BIGINT_MAX), required=False,
+            max_length=inputs.max_count(), help_text=fields["input_datasets"].help_text)
+        return fields
 
 
 class LogChunkSerializer(serializers.Serializer):

@@ -22,8 +22,7 @@ from django.utils.translation import gettext as _
 from computers import access as computer_access
 from computers.choices import Runtime
 from computers.models import ComputeGroup, ComputeTarget
-from datasets import services as dataset_services
-from jobs import access, cluster, executors, hooks, outputs
+from jobs import access, cluster, executors, hooks, inputs, outputs
 from jobs.choices import (
     HELD_STATUSES,
     MAIN_REPLICA,
@@ -80,9 +79,9 @@ def create_job(actor: Actor, project, data: dict) -> Job:
         values, errors = _clean_job(user, project, data)  # locks the computer row until the job is in
         if errors:
             raise _invalid(errors)
-        inputs = values.pop("input_datasets")
+        job_inputs = values.pop("input_datasets")
         job = Job.objects.create(project=project, created_by=user, **values)
-        dataset_services.attach_inputs(job, inputs)
+        inputs.attach(job, job_inputs)  # datasets' versions (jobs.inputs)
         _event(job, "created", f"Created by {user.username}")
         audit(actor, "job.create", job, project=project,
               after={"computer": job.target.name, "runtime": job.runtime, "gpu_ids": job.gpu_ids,
@@ -178,11 +177,7 @@ def _clean_job(user, project, data: dict) -> tuple[dict, dict]:
     except ServiceError as error:
         errors.update(error.fields)
     values["name"] = str(data.get("name") or "")[:200]
-    try:
-        values["input_datasets"] = dataset_services.clean_input_datasets(user, project, data.get("input_datasets"))
-    except ServiceError as error:
-        values["input_datasets"] = []
-        errors.update(error.fields)
+    values["input_datasets"] = inputs.clean(user, project, data.get("input_datasets"), errors)
     target = values.get("target")
     if values["input_datasets"] and target is not None and target.kind == "site":
         # The site runner does not fetch datasets yet: refuse rather than run without them.
@@ -643,7 +638,7 @@ def finish_completed(job: Job, status: str, *, exit_code=None, error: str = "", 
     reason = end_reason or (EndReason.CANCELED if status == JobStatus.CANCELED else EndReason.EXIT_CODE)
     _finish(job, status, reason, exit_code=exit_code, error=error)
     if status == JobStatus.FINISHED:
-        outputs.register_datasets(job)  # result.json `datasets` declarations become versions
+        outputs.register_declared(job)  # result.json `datasets` and `models` become versions
     return reason
 
 

@@ -25,10 +25,9 @@ from django.utils.translation import gettext as _
 from django.views.decorators.http import require_GET, require_http_methods
 from django_htmx.http import HttpResponseStopPolling
 
-from jobs import access, executors, page_blocks, services, timeline, waiting
+from jobs import access, executors, inputs, page_blocks, services, timeline, waiting
 from jobs.charts import job_charts
 from computers.choices import Kind
-from datasets import services as dataset_services
 from jobs.choices import ACTIVE_STATUSES, MAIN_REPLICA, JobStatus
 from jobs.forms import JobForm, add_service_error
 from jobs.models import Job
@@ -269,7 +268,7 @@ def _panels(request, job: Job) -> dict:
         "parameters": json.dumps(job.parameters, indent=2, ensure_ascii=False, sort_keys=True),
         "manual": _manual_for(request, job),
         "replicas": list(job.replicas.select_related("target")) if job.is_cluster else [],
-        "input_versions": dataset_services.input_versions(job),
+        "input_versions": inputs.page_versions(job),
         "waiting_reason": waiting_reason,
         "version": hashlib.sha256(version.encode()).hexdigest()[:16],
     }
