@@ -35,11 +35,10 @@ from sites import services as site_services
 from sites import submissions
 from tests.sites.conftest import host_keys, launcher, site_fields  # noqa: F401  (fixtures)
 from tests.support import database_now, kill_processes_under, other_sessions, wait_for
+from worker_agent.site import spec
 
 REPO = Path(__file__).resolve().parents[2]
-BUNDLE = ("worker_agent/__init__.py", "worker_agent/supervisor.py", "worker_agent/runtimes.py",
-          "worker_agent/jobenv.py", "worker_agent/results.py", "worker_agent/site/__init__.py",
-          "worker_agent/site/runner.py")
+BUNDLE = spec.BUNDLE  # what the launcher copies into lib/
 SCHEDULER_JOB_ID = "4242"
 
 

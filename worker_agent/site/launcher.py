@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from worker_agent import __version__
+from worker_agent.text import TOKEN_RE
 from worker_agent.api import ApiClient, ApiError, ApiUnavailable, FatalApiError
 from worker_agent.journal import write_json_atomic
 from worker_agent.site.keys import KeyFileError, KeyStore
@@ -49,7 +50,6 @@ CANCEL_SECONDS = 60.0
 TAIL = 1000
 MAX_LIMIT = 50
 SCHEDULER_ID = re.compile(r"^[A-Za-z0-9][\[\]A-Za-z0-9._:-]{0,199}$")
-TOKEN_RE = re.compile(r"(?:mmtj?|mado_mtj)_[A-Za-z0-9_-]{16,}")
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 
 

@@ -6,8 +6,8 @@
 
 It reads `SPEC_DIR/job.json` (`{format: 1, api_url, token, job}`, written by the launcher or by
 `mado-tracking submit`) and talks to the server with the Job's job token only. Standard library only,
-plus the four bundled modules the launcher copies into `SPEC_DIR/lib/` (supervisor, runtimes, jobenv,
-results), so a compute node needs nothing but a Python >= 3.11: the Job runs with the same supervisor,
+plus the five bundled modules the launcher copies into `SPEC_DIR/lib/` (supervisor, runtimes, jobenv,
+results, text), so a compute node needs nothing but a Python >= 3.11: the Job runs with the same supervisor,
 runtimes and environment as on a worker.
 
 1. `start` with a fresh runner id (the Job becomes `waiting_resources`); a second runner of the same Job
@@ -78,6 +78,7 @@ if __package__ in (None, ""):  # run as a file: python SPEC_DIR/lib/worker_agent
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 from worker_agent import __version__, jobenv, results, runtimes, supervisor
+from worker_agent.text import mask_tokens
 
 SPEC_FORMAT = 1
 SPEC_ROOT = ".mmt-submissions"
@@ -92,7 +93,6 @@ CONNECT_TIMEOUT = 30.0
 START_PATIENCE = 600.0  # seconds of an unreachable API before the runner gives up starting
 RETRY_CAP = 30.0
 FINISH_ROUNDS = 3  # outputs sent again when the server still misses artifacts at finish
-TOKEN_RE = re.compile(r"\b(?:mmtj?|mado_mtj)_[A-Za-z0-9_\-]{16,}")
 SCHEDULER_ID_VARIABLES = ("SLURM_JOB_ID", "PBS_JOBID", "JOB_ID", "PJM_JOBID")
 # Job ends that are final for the loop: the supervisor has stopped writing the logs.
 ENDED = supervisor.TERMINAL + ("absent", "refused")
@@ -132,9 +132,7 @@ class StartFailed(Exception):
 
 
 def mask(text: str, token: str = "") -> str:
-    if token:
-        text = text.replace(token, token[:12] + "…")
-    return TOKEN_RE.sub(lambda m: m.group(0)[:12] + "…", text)
+    return mask_tokens(text, token)
 
 
 REFUSING_409 = ("runner_conflict", "job_ended", "runner_not_started", "not_a_site_job")
