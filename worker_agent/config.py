@@ -10,10 +10,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from worker_agent.text import JOB_TOKEN_PREFIXES, job_token_prefix
+from worker_agent.text import API_TOKEN_RE, JOB_TOKEN_PREFIXES, job_token_prefix
 
 WORKER_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
-TOKEN_RE = re.compile(r"mmt_[A-Za-z0-9_\-]{16,200}")
 DEFAULT_PARALLEL_JOBS = 2
 DEFAULT_CLAIM_WAIT = 20
 DEFAULT_CANCEL_GRACE = 10
@@ -78,7 +77,7 @@ def validate_token(value: str) -> str:
         raise ConfigError(f"This is a job token ({job_token_prefix(value)}…), which works only for one running job. "
                           "Issue a worker token "
                           "for a service account in Project settings → Service Accounts.")
-    if not TOKEN_RE.fullmatch(value):
+    if not API_TOKEN_RE.fullmatch(value):
         raise ConfigError("The worker token is not valid: it starts with mmt_ followed by letters, digits, '-' and "
                           "'_'. Copy it again from the page that showed it once, or issue a new one.")
     return value

@@ -9,6 +9,8 @@ import re
 # Tokens of the server: API tokens `mmt_…` and job tokens `mado_mtj_…` (before: `mmtj_…`, still masked), url-safe
 # base64 after the prefix.
 TOKEN_RE = re.compile(r"\b(?:mmtj?|mado_mtj)_[A-Za-z0-9_\-]{16,}")
+# An API token as a worker or launcher takes it (its own token, never a job token).
+API_TOKEN_RE = re.compile(r"mmt_[A-Za-z0-9_\-]{16,200}")
 # Job tokens belong to one running Job: a worker or launcher refuses them as its own token.
 JOB_TOKEN_PREFIXES = ("mado_mtj_", "mmtj_")
 _CONTROL_RE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")

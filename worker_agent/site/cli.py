@@ -21,10 +21,9 @@ import click
 
 from worker_agent import __version__
 from worker_agent.cli import setup_logging
-from worker_agent.text import JOB_TOKEN_PREFIXES, job_token_prefix, mask_tokens
+from worker_agent.text import API_TOKEN_RE, JOB_TOKEN_PREFIXES, job_token_prefix, mask_tokens
 
 EXIT_CONFIG = 2
-TOKEN_RE_TEXT = r"mmt_[A-Za-z0-9_\-]{16,200}"
 
 
 class Fail(click.ClickException):
@@ -36,8 +35,6 @@ class ConfigFail(click.ClickException):
 
 
 def _token(token_file: str | None, *, who: str) -> str:
-    import re
-
     from worker_agent.config import ConfigError, read_token_file
 
     if token_file:
@@ -49,7 +46,7 @@ def _token(token_file: str | None, *, who: str) -> str:
     if token.startswith(JOB_TOKEN_PREFIXES):
         raise ConfigError(f"This is a job token ({job_token_prefix(token)}…), which belongs to one running Job: "
                           f"use {who}.")
-    if not re.fullmatch(TOKEN_RE_TEXT, token):
+    if not API_TOKEN_RE.fullmatch(token):
         raise ConfigError("The token is not valid: it starts with mmt_ followed by letters, digits, '-' and '_'. "
                           "Copy it again from the page that showed it once, or issue a new one.")
     return token
