@@ -17,6 +17,8 @@ from computers import services as computer_services
 from mado import services
 from mado.services import Actor
 from tests.agent.conftest import chown_tree
+from tests.support import other_sessions
+from tests.support import wait_for as wait_until
 from worker_agent.journal import is_locked
 
 WORKER = str(Path(sys.executable).with_name("mado-tracking-worker"))
@@ -77,16 +79,6 @@ def finished(admin: Api, path: str, **kwargs) -> dict:
     return wait_until(lambda: (body := admin.get(path))["status"] in ended and body, **kwargs)
 
 
-def wait_until(predicate, timeout=15.0, interval=0.02):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError(f"not true within {timeout} s")
-
-
 @pytest.fixture
 def setup(transactional_db, live_server, world, sshd, tmp_path):
     admin = Api(live_server.url, world.token(world.global_admin, ADMIN_SCOPES))
@@ -118,14 +110,6 @@ def setup(transactional_db, live_server, world, sshd, tmp_path):
     # until its wait ends even when the worker has gone: let both end, so the test database can go.
     admin.session.close()
     wait_until(lambda: not other_sessions(), timeout=CLAIM_WAIT + 10, interval=0.1)
-
-
-def other_sessions() -> int:
-    from django.db import connection
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT pid FROM pg_stat_activity "
-                       "WHERE datname = current_database() AND pid <> pg_backend_pid()")
-        return len(cursor.fetchall())
 
 
 def test_a_started_worker_is_online_with_its_key_candidates(setup, sshd):

@@ -14,7 +14,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 import uuid
 from pathlib import Path
 
@@ -26,7 +25,7 @@ from jobs import services as job_services
 from jobs.models import GpuReservation, Job, JobEvent, LogChunk
 from mado.services import Actor
 from tests.peers.sshd import Sshd, sshd, start_sshd  # noqa: F401  (sshd: the shared fixture)
-from tests.support import database_now, kill_all, other_sessions, processes_under
+from tests.support import database_now, kill_all, other_sessions, processes_under, wait_for
 
 WORKER = str(Path(sys.executable).with_name("mado-tracking-worker"))
 CLAIM_WAIT = 2
@@ -34,14 +33,8 @@ TARGET_PYTHON = "/usr/bin/python3"
 
 
 def wait_until(predicate, timeout=30.0, interval=0.05, what="condition"):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(interval)
+    """tests.support.wait_for with the longer default that these end-to-end jobs need."""
+    return wait_for(predicate, timeout, interval, what)
 
 
 class WorkerProcess:
