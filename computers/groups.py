@@ -9,8 +9,8 @@ from django.utils.translation import gettext_lazy as _
 from computers import locks
 from computers.choices import Kind
 from computers.models import ComputeGroup, ComputeTarget
-from mado.errors import Conflict, Forbidden, ServiceError
-from mado.services import Actor, audit
+from mado.errors import Conflict, ServiceError
+from mado.services import Actor, audit, require_global_admin
 from mado.validation import NAME_PATTERN
 
 GROUP_KINDS = (Kind.SSH, Kind.LOCAL)
@@ -39,8 +39,8 @@ class GroupForm(forms.Form):
 
 
 def _check_admin(actor: Actor) -> None:
-    if not (actor.user.is_authenticated and actor.user.is_superuser):
-        raise Forbidden("Only global administrators create, change and delete compute groups.", "admin_required")
+    require_global_admin(actor, "Only global administrators create, change and delete compute groups.",
+                         "admin_required")
 
 
 def _clean(data: dict, group: ComputeGroup | None) -> tuple[dict, list[ComputeTarget]]:

@@ -34,7 +34,7 @@ from computers.choices import (
 from computers.models import CONNECTION_FIELDS, ComputeTarget, ConnectionCheck, DirectoryRead
 from mado.errors import Conflict, Forbidden, ServiceError
 from mado.services import SYSTEM, Actor, audit
-from mado.validation import NAME_PATTERN, as_int
+from mado.validation import NAME_PATTERN, as_int, int_field
 from workers.longpoll import notify
 
 GPU_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9-]{0,63}$")
@@ -206,7 +206,7 @@ def _clean(data: dict, *, target: ComputeTarget | None) -> dict:
         out["host"] = str(data.get("host") or "").strip()
         if not out["host"] or any(c.isspace() for c in out["host"]) or len(out["host"]) > 255:
             errors["host"] = [_("Enter the SSH host name or address.")]
-        out["port"] = _int_in(data.get("port", 22), 1, 65535, "port", errors,
+        out["port"] = int_field(data.get("port", 22), 1, 65535, "port", errors,
                               _("Port must be between 1 and 65535."))
         out["ssh_user"] = str(data.get("ssh_user") or "").strip()
         if not re.match(r"^[A-Za-z_][A-Za-z0-9_.-]{0,63}$", out["ssh_user"]):
@@ -250,12 +250,12 @@ def _clean(data: dict, *, target: ComputeTarget | None) -> dict:
 
     default_concurrency = max(1, len(gpu_ids))
     raw = data.get("concurrency")
-    out["concurrency"] = _int_in(default_concurrency if raw in (None, "") else raw, 1, 128, "concurrency", errors,
+    out["concurrency"] = int_field(default_concurrency if raw in (None, "") else raw, 1, 128, "concurrency", errors,
                                  _("Concurrent jobs must be between 1 and 128."))
     out["dataset_transfer"] = data.get("dataset_transfer") or DatasetTransfer.RELAY
     if out["dataset_transfer"] not in DatasetTransfer.values:
         errors["dataset_transfer"] = [_("Dataset transfer must be relay or direct.")]
-    out["dataset_cache_limit_gib"] = _int_in(data.get("dataset_cache_limit_gib", 100), 1, 1_000_000,
+    out["dataset_cache_limit_gib"] = int_field(data.get("dataset_cache_limit_gib", 100), 1, 1_000_000,
                                              "dataset_cache_limit_gib", errors,
                                              _("The dataset cache limit is from 1 to 1,000,000 GiB."))
     out["enabled"] = data.get("enabled", False)
@@ -270,14 +270,6 @@ def _clean(data: dict, *, target: ComputeTarget | None) -> dict:
         summary = " ".join(message for messages in errors.values() for message in messages)
         raise ServiceError(summary, "invalid_computer", fields=errors)
     return out
-
-
-def _int_in(value, low, high, field, errors, message):
-    number = as_int(value, low=low, high=high)
-    if number is None:
-        errors[field] = [message]
-        return low
-    return number
 
 
 def _snapshot(target: ComputeTarget) -> dict:

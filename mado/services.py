@@ -187,7 +187,7 @@ def last_admin_refusal(project: Project, membership: Membership, *, removing: bo
 def create_user(actor: Actor, *, username: str, email: str, password: str = "") -> User:
     """A global administrator creates a person's account: with an initial password, or with none (an
     unusable one) and a one-time set-password link from `set_password_link`."""
-    _require_global_admin(actor, _("Only global administrators can create users."))
+    require_global_admin(actor, _("Only global administrators can create users."))
     username = (username or "").strip()
     email = (email or "").strip()
     errors: dict[str, list[str]] = {}
@@ -233,7 +233,7 @@ def create_user(actor: Actor, *, username: str, email: str, password: str = "") 
 def set_password_link(actor: Actor, user: User) -> tuple[str, str]:
     """The (uidb64, token) of a one-time set-password link: Django's password-reset tokens, which stop
     working once the password is set (or after PASSWORD_RESET_TIMEOUT). Never stored, never audited."""
-    _require_global_admin(actor, _("Only global administrators can create set-password links."))
+    require_global_admin(actor, _("Only global administrators can create set-password links."))
     if access.is_service_user(user):
         raise ServiceError(_("Service accounts have no password; they use API tokens."), "service_account_no_password")
     if not user.is_active:
@@ -416,9 +416,15 @@ def revoke_job_tokens(job_id: int) -> int:
 
 # helpers ----------------------------------------------------------------------------------------
 
-def _require_global_admin(actor: Actor, message: str) -> None:
-    if actor.user is not None and not actor.user.is_superuser:
-        raise Forbidden(message, "global_admin_required")
+def require_global_admin(actor: Actor, message: str, code: str = "global_admin_required") -> None:
+    """Refuse (403 `code`, `message`) unless a global administrator acts in person: not through a job's
+    token, never a service account. Operator commands act as the system and pass."""
+    user = actor.user
+    if user is None:
+        return
+    if not (user.is_authenticated and user.is_superuser) or access.is_job_principal(user) \
+            or access.is_service_user(user):
+        raise Forbidden(message, code)
 
 
 def _require_role(actor: Actor, project: Project, minimum: str, message: str) -> None:

@@ -27,6 +27,19 @@ def as_int(value, *, low: int, high: int) -> int | None:
     return value
 
 
+def int_field(value, low: int, high: int, field: str, errors: dict, message: str, *, whole_floats: bool = False) -> int:
+    """`value` as a whole number in [low, high]; otherwise `message` is recorded under `field` in `errors`
+    and `low` returned, so that the caller goes on checking the other fields. With `whole_floats`, 22.0
+    (from a JSON client) is 22; 1e999 (inf) and 2.5 are never whole numbers."""
+    if whole_floats and isinstance(value, float) and value.is_integer():
+        value = int(value)
+    number = as_int(value, low=low, high=high)
+    if number is None:
+        errors[field] = [message]
+        return low
+    return number
+
+
 # How deep arrays and objects may nest in a request body. Real bodies nest a handful of levels; the
 # limit keeps every later recursion (validators, the database adapter, renderers) far from Python's
 # stack limit, which the JSON decoder itself hits near 1000 levels.

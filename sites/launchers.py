@@ -12,11 +12,11 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 from django.utils.translation import gettext as _
 
-from mado import access
 from mado.choices import Scope, TokenKind
-from mado.errors import Conflict, Forbidden, ServiceError
+from mado.errors import Conflict, ServiceError
 from mado.models import ApiToken, Project
-from mado.services import Actor, audit, issue_token
+from mado import services as identity_services
+from mado.services import Actor, audit, issue_token, revoke_token
 from mado.validation import NAME_PATTERN
 from sites import allowed_hosts as host_policy
 from sites.choices import AccountKind, SubmissionMethod
@@ -28,11 +28,7 @@ HOLDER_PREFIX = "launcher-"
 
 
 def require_global_admin(actor: Actor) -> None:
-    user = actor.user
-    if user is None:  # operator commands act as the system
-        return
-    if not user.is_superuser or access.is_job_principal(user) or access.is_service_user(user):
-        raise Forbidden(_("Only global administrators manage launchers."), "global_admin_required")
+    identity_services.require_global_admin(actor, _("Only global administrators manage launchers."))
 
 
 def project_of(launcher: Launcher) -> Project | None:
@@ -100,7 +96,7 @@ def recreate_token(actor: Actor, launcher: Launcher) -> tuple[Launcher, str]:
         if old is None:
             raise Conflict(_("The launcher %(name)s has no token to recreate; register a new one instead.")
                            % {"name": launcher.name}, "launcher_without_token")
-        _revoke_token(actor, old)
+        revoke_token(actor, old)
         token, plaintext = _issue(actor, launcher, old.user, old.project)
         audit(actor, "launcher.token.recreate", launcher, project=old.project,
               before={"token_prefix": old.prefix}, after={"token_prefix": token.prefix})
@@ -145,7 +141,7 @@ def revoke(actor: Actor, launcher: Launcher) -> Launcher:
         if launcher.is_revoked:
             return launcher
         if launcher.token is not None:
-            _revoke_token(actor, launcher.token)
+            revoke_token(actor, launcher.token)
         launcher.revoked_at = timezone.now()
         launcher.save(update_fields=["revoked_at"])
         audit(actor, "launcher.revoke", launcher, project=project_of(launcher),
@@ -250,13 +246,3 @@ def _issue(actor: Actor, launcher: Launcher, holder: User, project: Project):
     launcher.token = token
     launcher.save(update_fields=["token"])
     return token, plaintext
-
-
-def _revoke_token(actor: Actor, token: ApiToken) -> None:
-    token = ApiToken.objects.select_for_update().get(pk=token.pk)
-    if token.revoked_at is None:
-        token.revoked_at = timezone.now()
-        token.revoked_by = actor.user
-        token.save(update_fields=["revoked_at", "revoked_by"])
-        audit(actor, "token.revoke", token, project=token.project,
-              before={"state": "active"}, after={"state": "revoked", "prefix": token.prefix})

@@ -5,6 +5,7 @@ versioned JobShell rows; people on sites that use their own account keep SiteUse
 from __future__ import annotations
 
 import re
+from functools import partial
 from urllib.parse import urlsplit
 
 from django.db import IntegrityError, transaction
@@ -17,7 +18,7 @@ from computers.services import clean_name_and_visibility
 from mado import access as identity
 from mado.errors import Conflict, Forbidden, ServiceError
 from mado.services import Actor, audit
-from mado.validation import BIGINT_MAX, as_int
+from mado.validation import BIGINT_MAX, as_int, int_field
 from sites import allowed_hosts
 from sites import known_hosts as kh
 from sites import shells
@@ -35,6 +36,9 @@ from sites.choices import (
     Template,
 )
 from sites.models import JobShell, Launcher, SiteSettings, SiteUserSettings
+
+# Site fields come from forms and JSON clients alike: 22.0 is 22.
+_whole = partial(int_field, whole_floats=True)
 
 HOST_PATTERN = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-9])?$|^[0-9A-Fa-f:]{2,39}$")
 ACCOUNT_PATTERN = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$")
@@ -421,7 +425,7 @@ def _clean(data: dict, errors: dict, *, current: ComputeTarget | None) -> tuple[
     elif automatic and not host:
         errors["host"] = [_("Enter the login node the launcher connects to.")]
     site["host"] = host
-    site["port"] = _int_in(data.get("port", 22), 1, 65535, "port", errors, _("Port must be between 1 and 65535."))
+    site["port"] = _whole(data.get("port", 22), 1, 65535, "port", errors, _("Port must be between 1 and 65535."))
     ssh_user = str(data.get("ssh_user") or "").strip()
     if ssh_user and not ACCOUNT_PATTERN.fullmatch(ssh_user):
         errors["ssh_user"] = [_("The shared account name may hold letters, digits, _ . - and not start with . or -.")]
@@ -442,11 +446,11 @@ def _clean(data: dict, errors: dict, *, current: ComputeTarget | None) -> tuple[
         site[field] = value
     site["runner_api_url"] = _api_url(data.get("runner_api_url"), errors)
     site["variables"] = _variables(data.get("variables"), errors)
-    site["max_active_submissions"] = _int_in(
+    site["max_active_submissions"] = _whole(
         data.get("max_active_submissions", DEFAULT_MAX_ACTIVE_SUBMISSIONS), 1, MAX_ACTIVE_SUBMISSIONS,
         "max_active_submissions", errors,
         _("Max active submissions must be between 1 and %(max)s.") % {"max": MAX_ACTIVE_SUBMISSIONS})
-    site["queue_timeout_seconds"] = _int_in(
+    site["queue_timeout_seconds"] = _whole(
         data.get("queue_timeout_seconds", DEFAULT_QUEUE_TIMEOUT), MIN_QUEUE_TIMEOUT, MAX_QUEUE_TIMEOUT,
         "queue_timeout_seconds", errors, _("The queue timeout must be between 60 seconds and 30 days."))
     return target, site
@@ -561,16 +565,6 @@ def _variables(raw, errors: dict) -> dict[str, str]:
     except ServiceError as exc:
         errors["variables"] = exc.fields.get("variables", [exc.message])
         return {}
-
-
-def _int_in(value, low, high, field, errors, message):
-    if isinstance(value, float) and value.is_integer():
-        value = int(value)  # 22.0 from a JSON client is 22; 1e999 (inf) and 2.5 are not whole numbers
-    number = as_int(value, low=low, high=high)
-    if number is None:
-        errors[field] = [message]
-        return low
-    return number
 
 
 def _require_manager(actor: Actor, target: ComputeTarget, message: str) -> None:
