@@ -1,6 +1,8 @@
 """Computers (compute targets), their connection checks and the directory reads of the Add dialog."""
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from django.conf import settings
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
@@ -11,6 +13,7 @@ from django.utils.translation import gettext_lazy as _
 
 from computers.choices import (
     OPEN_CHECK_STATUSES,
+    CheckFailure,
     CheckStatus,
     CpuArch,
     DatasetTransfer,
@@ -18,6 +21,7 @@ from computers.choices import (
     ReadStatus,
     Visibility,
 )
+from mado.errors import Conflict
 
 CONNECTION_FIELDS = ["host", "port", "ssh_user", "ssh_key_path", "known_hosts_path"]
 
@@ -129,6 +133,47 @@ class ConnectionCheck(models.Model):
     @property
     def is_open(self) -> bool:
         return self.status in OPEN_CHECK_STATUSES
+
+    @property
+    def is_site_check(self) -> bool:
+        """Two kinds share this row: a worker's check of an SSH or Local computer, and a site's
+        launcher logging in. They differ in who answers and when they expire, not in how they end."""
+        return self.launcher_id is not None
+
+    def finish(self, status: str, result: Callable[[], dict]) -> bool:
+        """End an open check with its worker's or launcher's answer; the caller holds the row's lock
+        and has checked who answers. False: this same answer was recorded before (a resend changes
+        nothing). An expired check, or one that ended the other way, refuses it (409). `result` is
+        built only once the check takes the answer: a late answer is neither validated nor stored."""
+        if status not in (CheckStatus.SUCCEEDED, CheckStatus.FAILED):
+            raise ValueError(f"a check ends succeeded or failed, not {status}")
+        if self.status == CheckStatus.EXPIRED:
+            answer = "answer" if self.is_site_check else "result"
+            raise Conflict(f"This check expired before its {answer} arrived; the user can start a new one.",
+                           "check_expired")
+        if not self.is_open:
+            if self.status == status:
+                return False
+            raise Conflict(f"This check already ended as {self.status}.", "check_already_completed")
+        self.result = result()
+        self.status = status
+        self.failure_reason = CheckFailure.CHECK_FAILED if status == CheckStatus.FAILED else ""
+        self.finished_at = timezone.now()
+        self.save(update_fields=["status", "result", "failure_reason", "finished_at"])
+        return True
+
+    def expire(self, now) -> bool:
+        """End an open check nobody answered in time: not_claimed while queued, no_result once claimed.
+        False if it was no longer open: the update is conditional on the status read, so an answer
+        that landed meanwhile wins."""
+        if not self.is_open:
+            return False
+        reason = CheckFailure.NOT_CLAIMED if self.status == CheckStatus.QUEUED else CheckFailure.NO_RESULT
+        if not ConnectionCheck.objects.filter(pk=self.pk, status=self.status).update(
+                status=CheckStatus.EXPIRED, failure_reason=reason, finished_at=now):
+            return False
+        self.status, self.failure_reason, self.finished_at = CheckStatus.EXPIRED, reason, now
+        return True
 
 
 class DirectoryRead(models.Model):

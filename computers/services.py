@@ -19,7 +19,6 @@ from computers import kinds, locks
 from computers.choices import (
     CHECK_ITEM_KEYS,
     RESOLUTIONS,
-    CheckFailure,
     CheckStatus,
     CpuArch,
     DatasetTransfer,
@@ -325,16 +324,15 @@ def expire_stale(*, force: bool = False) -> None:
         return
     _last_expiry = time.monotonic()
     now = timezone.now()
+    # Workers' checks only: a site's launcher checks have their own, shorter deadline (sites.checks).
     expired = list(ConnectionCheck.objects.filter(
         Q(status=CheckStatus.QUEUED, created_at__lt=now - CHECK_CLAIM_TIMEOUT)
-        | Q(status=CheckStatus.CLAIMED, claimed_at__lt=now - CHECK_RESULT_TIMEOUT)).select_related("target"))
+        | Q(status=CheckStatus.CLAIMED, claimed_at__lt=now - CHECK_RESULT_TIMEOUT),
+        launcher__isnull=True).select_related("target"))
     for check in expired:
-        reason = CheckFailure.NOT_CLAIMED if check.status == CheckStatus.QUEUED else CheckFailure.NO_RESULT
-        # Conditional on the status: a result that landed meanwhile wins.
-        if ConnectionCheck.objects.filter(pk=check.pk, status=check.status).update(
-                status=CheckStatus.EXPIRED, failure_reason=reason, finished_at=now):
+        if check.expire(now):
             audit(SYSTEM, "computer.check.finish", check.target,
-                  after={"check": check.pk, "status": "expired", "failure_reason": reason})
+                  after={"check": check.pk, "status": "expired", "failure_reason": check.failure_reason})
     DirectoryRead.objects.filter(status=ReadStatus.QUEUED, created_at__lt=now - READ_CLAIM_TIMEOUT).update(
         status=ReadStatus.FAILED, error=ReadError.NOT_CLAIMED, finished_at=now)
     DirectoryRead.objects.filter(created_at__lt=now - READ_RETENTION).delete()
@@ -378,24 +376,14 @@ def complete_check(worker, check_id: int, *, lease_id, status: str, result) -> C
         raise ServiceError("status must be succeeded or failed.", "invalid", fields={"status": ["Invalid."]})
     expire_stale(force=True)
     with transaction.atomic():
-        check = ConnectionCheck.objects.select_for_update(of=("self",)).select_related("target").filter(pk=check_id).first()
+        check = (ConnectionCheck.objects.select_for_update(of=("self",)).select_related("target")
+                 .filter(pk=check_id).first())
         if check is None or check.claimed_by_id != worker.pk:
             raise ServiceError("No check with this id is held by this worker.", "not_found", status=404)
         if str(check.lease_id) != str(lease_id):
             raise Conflict("This lease is not the check's current lease; drop the check.", "invalid_lease")
-        if check.status == CheckStatus.EXPIRED:
-            raise Conflict("This check expired before its result arrived; the user can start a new one.",
-                           "check_expired")
-        if check.status in (CheckStatus.SUCCEEDED, CheckStatus.FAILED):
-            if check.status == status:
-                return check
-            raise Conflict(f"This check already ended as {check.status}.", "check_already_completed")
-        cleaned = _clean_result(result, check.target)
-        check.status = status
-        check.result = cleaned
-        check.failure_reason = CheckFailure.CHECK_FAILED if status == CheckStatus.FAILED else ""
-        check.finished_at = timezone.now()
-        check.save(update_fields=["status", "result", "failure_reason", "finished_at"])
+        if not check.finish(status, lambda: _clean_result(result, check.target)):
+            return check  # the same result resent
         audit(Actor(user=worker.token.user), "computer.check.finish", check.target,
               after={"check": check.pk, "status": status, "worker": worker.worker_id})
     return check

@@ -11,12 +11,11 @@ import time
 from datetime import timedelta
 
 from django.db import IntegrityError, transaction
-from django.db.models import Q
 from django.utils import timezone
 from django.utils.translation import gettext as _
 
 from computers import access
-from computers.choices import OPEN_CHECK_STATUSES, CheckFailure, CheckStatus, ItemStatus
+from computers.choices import OPEN_CHECK_STATUSES, CheckStatus, ItemStatus
 from computers.models import ConnectionCheck
 from mado import access as identity
 from mado.errors import Conflict, Forbidden, ServiceError
@@ -122,29 +121,23 @@ def complete(launcher: Launcher, check_id: int, data: dict) -> ConnectionCheck:
                  .filter(pk=check_id, launcher=launcher).first())
         if check is None:
             raise ServiceError("No check with this id was asked of this launcher.", "not_found", status=404)
-        if check.status == CheckStatus.EXPIRED:
-            raise Conflict("This check expired before its answer arrived; the user can start a new one.",
-                           "check_expired")
-        if check.status in (CheckStatus.SUCCEEDED, CheckStatus.FAILED):
-            if check.status == status:
-                return check
-            raise Conflict(f"This check already ended as {check.status}.", "check_already_completed")
         detail = "" if ok else shells.stderr_tail(error or "The login failed without a message.", limit=500)
-        # The check keeps only what its readers can fix; the launcher's own message (closed port, not
-        # SSH, a host key's fingerprint …) goes to the audit log, where global administrators read it.
-        shown = "" if ok else _for_users(check, detail)
-        check.status = status
-        check.failure_reason = "" if ok else CheckFailure.CHECK_FAILED
-        check.result = {"items": [{"key": "connection", "status": ItemStatus.OK if ok else ItemStatus.FAILED,
-                                   "code": "" if ok else "ssh_failed", "detail": shown, "resolution": ""}],
-                        "account_name": check.account_name, "duration_ms": duration}
-        check.finished_at = timezone.now()
-        check.save(update_fields=["status", "failure_reason", "result", "finished_at"])
+        if not check.finish(status, lambda: _result(check, ok, detail, duration)):
+            return check  # the same answer resent
         token_user = launcher.token.user if launcher.token_id else None
         audit(Actor(token_user), "site.check.finish", check.target,
               after={"check": check.pk, "status": status, "launcher": launcher.name,
                      **({"detail": detail} if detail else {})})
     return check
+
+
+def _result(check: ConnectionCheck, ok: bool, detail: str, duration) -> dict:
+    # The check keeps only what its readers can fix; the launcher's own message (closed port, not
+    # SSH, a host key's fingerprint …) goes to the audit log, where global administrators read it.
+    shown = "" if ok else _for_users(check, detail)
+    return {"items": [{"key": "connection", "status": ItemStatus.OK if ok else ItemStatus.FAILED,
+                       "code": "" if ok else "ssh_failed", "detail": shown, "resolution": ""}],
+            "account_name": check.account_name, "duration_ms": duration}
 
 
 def expire_checks(*, force: bool = False) -> None:
@@ -157,12 +150,9 @@ def expire_checks(*, force: bool = False) -> None:
     stale = list(ConnectionCheck.objects.filter(launcher__isnull=False, status__in=OPEN_CHECK_STATUSES,
                                                 created_at__lt=now - CHECK_TIMEOUT).select_related("target"))
     for check in stale:
-        reason = CheckFailure.NOT_CLAIMED if check.status == CheckStatus.QUEUED else CheckFailure.NO_RESULT
-        # Conditional on the status: an answer that landed meanwhile wins.
-        if ConnectionCheck.objects.filter(Q(pk=check.pk, status=check.status)).update(
-                status=CheckStatus.EXPIRED, failure_reason=reason, finished_at=now):
+        if check.expire(now):
             audit(SYSTEM, "site.check.finish", check.target,
-                  after={"check": check.pk, "status": "expired", "failure_reason": reason})
+                  after={"check": check.pk, "status": "expired", "failure_reason": check.failure_reason})
 
 
 def _for_users(check: ConnectionCheck, detail: str) -> str:
