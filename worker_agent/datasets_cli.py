@@ -18,7 +18,7 @@ from urllib.parse import quote
 import click
 import requests
 
-from worker_agent import researcher
+from worker_agent.cli_client import TIMEOUT, Api, api_client, token_project
 
 PART = 8 * 2**20
 HASH_CHUNK = 2**20
@@ -40,10 +40,8 @@ def datasets() -> None:
 @click.pass_context
 def upload(ctx: click.Context, name: str, directory: Path, project: str | None, description: str) -> None:
     """Upload the files under DIRECTORY as a new version of dataset NAME (created when missing)."""
-    api = researcher._api(ctx)
-    # Close the kept-alive connection when the command ends, also when it runs inside another program.
-    ctx.call_on_close(api.session.close)
-    project = project or researcher._project(api)
+    api = api_client(ctx)  # its connections close when the command ends (api_client says so)
+    project = project or token_project(api)
     local = _scan(directory)
     manifest = _hash(local)
     dataset = _dataset(api, project, name, description)
@@ -100,7 +98,7 @@ def _hash(local: dict[str, Path]) -> list[dict]:
     return manifest
 
 
-def _dataset(api: researcher.Api, project: str, name: str, description: str) -> dict:
+def _dataset(api: Api, project: str, name: str, description: str) -> dict:
     """The dataset named NAME (names ignore case), created when the project has none."""
     listing = api.call("GET", f"/api/projects/{quote(project)}/datasets")["items"]
     for dataset in listing:
@@ -112,14 +110,14 @@ def _dataset(api: researcher.Api, project: str, name: str, description: str) -> 
     return dataset
 
 
-def _send(api: researcher.Api, version_url: str, pending: list[dict], local: dict[str, Path]) -> None:
+def _send(api: Api, version_url: str, pending: list[dict], local: dict[str, Path]) -> None:
     remaining = sum(item["size"] - item["received_bytes"] for item in pending)
     with click.progressbar(length=remaining, label="Uploading", file=sys.stderr) as bar:
         for item in pending:
             _send_file(api, f"{version_url}/files/{quote(item['path'])}", item, local[item["path"]], bar)
 
 
-def _send_file(api: researcher.Api, url: str, item: dict, path: Path, bar) -> None:
+def _send_file(api: Api, url: str, item: dict, path: Path, bar) -> None:
     size, offset = item["size"], item["received_bytes"]
     with open(path, "rb") as handle:
         while True:
@@ -138,13 +136,13 @@ def _send_file(api: researcher.Api, url: str, item: dict, path: Path, bar) -> No
             offset = answer["received_bytes"]
 
 
-def _put(api: researcher.Api, url: str, data: bytes, headers: dict, path: str) -> dict:
+def _put(api: Api, url: str, data: bytes, headers: dict, path: str) -> dict:
     """One part, tried up to three times when the network or the server fails; a 409 that names the
     server's offset continues from there."""
     for attempt, delay in enumerate((0, *RETRY_DELAYS)):
         time.sleep(delay)
         try:
-            response = api.session.put(api.url + url, data=data, headers=headers, timeout=researcher.TIMEOUT,
+            response = api.session.put(api.url + url, data=data, headers=headers, timeout=TIMEOUT,
                                        allow_redirects=False)
         except requests.RequestException as error:
             failure = f"Cannot reach the Mado server at {api.url} ({type(error).__name__})"
@@ -166,7 +164,3 @@ def _body(response) -> dict:
     except ValueError:
         return {}
     return body if isinstance(body, dict) else {}
-
-
-# Registered here, not in researcher.py, so importing either module first works.
-researcher.main.add_command(datasets)

@@ -5,7 +5,6 @@ It talks to the server with a personal API token (`MMT_API_URL`, `MMT_API_TOKEN`
 from __future__ import annotations
 
 import json
-import os
 import sys
 import tarfile
 import tempfile
@@ -13,71 +12,12 @@ import time
 from pathlib import Path
 
 import click
-import requests
 
-from worker_agent import __version__
-from worker_agent.text import mask_tokens
+from worker_agent import __version__, datasets_cli
+from worker_agent.cli_client import Api, api_client, token_project
 
-TIMEOUT = (5, 60)
 UPLOAD_CHUNK = 256 * 1024
 SKIPPED_DIRS = {".git", "__pycache__", ".venv", "venv", "node_modules", ".mypy_cache", ".pytest_cache"}
-
-
-class Api:
-    def __init__(self, url: str, token: str):
-        self.url = url.rstrip("/")
-        self.token = token
-        self.session = requests.Session()
-        self.session.headers.update({"Authorization": f"Bearer {token}", "Accept": "application/json",
-                                     "User-Agent": f"mado-tracking/{__version__}"})
-
-    def call(self, method: str, path: str, **kwargs):
-        try:
-            response = self.session.request(method, self.url + path, timeout=TIMEOUT, allow_redirects=False,
-                                            **kwargs)
-        except requests.RequestException as error:
-            raise click.ClickException(
-                f"Cannot reach the Mado server at {self.url} ({type(error).__name__}). Check MMT_API_URL and "
-                "your network.") from None
-        if response.status_code >= 400:
-            raise click.ClickException(self._explain(response))
-        return response.json() if response.content else {}
-
-    def _explain(self, response) -> str:
-        try:
-            body = response.json()
-            message = body.get("error") or response.reason
-            fields = body.get("fields") or {}
-        except ValueError:
-            message, fields = f"{response.status_code} {response.reason}", {}
-        hint = {401: " Issue a new token under Project settings → Project tokens and set MMT_API_TOKEN.",
-                403: " Your token or role does not allow this."}.get(response.status_code, "")
-        detail = "".join(f"\n  {name}: {' '.join(map(str, msgs))}" for name, msgs in fields.items())
-        return mask_tokens(f"{message}{hint}{detail}", self.token)
-
-
-def _api(ctx: click.Context) -> Api:
-    """The API client, built on first use so that --help works without any configuration."""
-    root = ctx.find_root()
-    if isinstance(root.obj, Api):
-        return root.obj
-    settings = root.obj or {}
-    token = os.environ.get("MMT_API_TOKEN", "").strip()
-    if settings.get("token_file"):
-        try:
-            token = Path(settings["token_file"]).read_text().strip()
-        except OSError as error:
-            raise click.ClickException(f"Cannot read the token file {settings['token_file']}: "
-                                       f"{error.strerror}.") from None
-    if not settings.get("api_url"):
-        raise click.ClickException("Set MMT_API_URL (or --api-url) to the address of the Mado server.")
-    if not token:
-        raise click.ClickException("Set MMT_API_TOKEN, or MMT_API_TOKEN_FILE to a file holding your API token "
-                                   "(Project settings → Project tokens → Issue personal token).")
-    root.obj = Api(settings["api_url"], token)
-    # The command's connections end with it, also when it runs inside another program (a script, a test).
-    root.call_on_close(root.obj.session.close)
-    return root.obj
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -94,10 +34,6 @@ def main(ctx: click.Context, api_url: str | None, token_file: str | None) -> Non
 @main.group()
 def jobs() -> None:
     """Create, list, follow and stop jobs."""
-
-
-def _project(api: Api) -> str:
-    return api.call("GET", "/api/auth/token")["project"]
 
 
 def _parse_param(values: tuple[str, ...]) -> dict:
@@ -201,8 +137,8 @@ def jobs_create(ctx, computer, runtime, image, gpus, gpu_count, requirements, so
                                "--gpu-count.")
     if gpus and gpu_count is not None:
         raise click.UsageError("Give --gpu ID (SSH and Local computers) or --gpu-count N (sites), not both.")
-    api = _api(ctx)
-    project = _project(api)
+    api = api_client(ctx)
+    project = token_project(api)
     body = {"runtime": runtime, "image": image, "command": list(command),
             "parameters": _parse_param(params), "name": name, **_placement(computer, gpus, cluster_size, cluster_mode,
                                                                            compute_group, gpus_per_replica)}
@@ -249,8 +185,8 @@ def _placement(computer, gpus, cluster_size, cluster_mode, compute_group, gpus_p
 @click.pass_context
 def jobs_list(ctx, status, as_json):
     """The project's jobs, newest first."""
-    api = _api(ctx)
-    answer = api.call("GET", f"/api/projects/{_project(api)}/jobs", params={"status": status} if status else None)
+    api = api_client(ctx)
+    answer = api.call("GET", f"/api/projects/{token_project(api)}/jobs", params={"status": status} if status else None)
     if as_json:
         click.echo(json.dumps(answer["items"], indent=2))
         return
@@ -269,7 +205,7 @@ def jobs_list(ctx, status, as_json):
 @click.pass_context
 def jobs_logs(ctx, job_id, follow, interval, replica):
     """Print a job's stdout and stderr (stderr to stderr)."""
-    api = _api(ctx)
+    api = api_client(ctx)
     after = 0
     while True:
         params = {"after": after, **({"replica": replica} if replica else {})}
@@ -291,18 +227,16 @@ def jobs_logs(ctx, job_id, follow, interval, replica):
 @click.pass_context
 def jobs_stop(ctx, job_id):
     """Request stop: SIGTERM, SIGKILL after 10 s, then the job ends as canceled."""
-    job = _api(ctx).call("POST", f"/api/jobs/{job_id}/stop")
+    job = api_client(ctx).call("POST", f"/api/jobs/{job_id}/stop")
     if job["status"] == "canceled":
         click.echo(f"Job {job_id} was canceled.")
     else:
         click.echo(f"Stop requested for job {job_id}; the worker stops it and it ends as canceled.")
 
 
-# `submit` and `runner` live with the rest of the sites agent (worker_agent/site/).
+# `submit` and `runner` live with the rest of the sites agent (worker_agent/site/), `datasets` in datasets_cli.
 from worker_agent.site.cli import runner_command, submit_command  # noqa: E402
 
 main.add_command(submit_command, "submit")
 main.add_command(runner_command, "runner")
-
-# `datasets upload` lives in its own module, which adds itself to `main` (it uses Api and _api from here).
-import worker_agent.datasets_cli  # noqa: E402,F401
+main.add_command(datasets_cli.datasets)

@@ -173,22 +173,25 @@ def preflight(target: Target) -> paramiko.PKey:
                            "or RSA without a passphrase).") from None
 
 
-def _open_socket(target: Target, timeout: float) -> socket.socket:
-    where = f"{target.host}:{target.port}"
+# Socket errors in the worker's words (translated in computers/check_details.py); first match wins, OSError last.
+SOCKET_ERRORS = {
+    socket.gaierror: "The host name {host} cannot be resolved from the worker machine: check the SSH host.",
+    ConnectionRefusedError: "The connection to {where} was refused: check the host and port, and that sshd runs "
+                            "on the target.",
+    TimeoutError: "No answer from {where} within {timeout:.0f} s: check the host, the port and any firewall "
+                  "between the worker and the target.",
+    OSError: "Cannot connect to {where} ({error}): check the host and port.",
+}
+
+
+def open_socket(host: str, port: int, timeout: float, messages: dict = SOCKET_ERRORS) -> socket.socket:
+    """A TCP connection for paramiko, or ConnectError with the `messages` sentence for what failed."""
     try:
-        sock = socket.create_connection((target.host, target.port), timeout=timeout)
-    except socket.gaierror:
-        raise ConnectError("ssh_failed", f"The host name {target.host} cannot be resolved from the worker machine: "
-                                         "check the SSH host.") from None
-    except ConnectionRefusedError:
-        raise ConnectError("ssh_failed", f"The connection to {where} was refused: check the host and port, and that "
-                                         "sshd runs on the target.") from None
-    except TimeoutError:
-        raise ConnectError("ssh_failed", f"No answer from {where} within {timeout:.0f} s: check the host, the port "
-                                         "and any firewall between the worker and the target.") from None
+        sock = socket.create_connection((host, port), timeout=timeout)
     except OSError as exc:
-        raise ConnectError("ssh_failed", f"Cannot connect to {where} ({exc.strerror or 'network error'}): check "
-                                         "the host and port.") from None
+        text = next(text for kind, text in messages.items() if isinstance(exc, kind))
+        raise ConnectError("ssh_failed", text.format(host=host, where=f"{host}:{port}", timeout=timeout,
+                                                     error=exc.strerror or "network error")) from None
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     return sock
 
@@ -241,7 +244,7 @@ class Connection:
                                "The known_hosts file cannot be read or parsed: recreate it with "
                                f"{_keyscan_hint(target)}.") from None
         client.set_missing_host_key_policy(_RejectUnknown())
-        sock = _open_socket(target, self.connect_timeout)
+        sock = open_socket(target.host, target.port, self.connect_timeout)
         try:
             client.connect(
                 target.host, port=target.port, username=target.user, pkey=pkey, sock=sock,

@@ -116,7 +116,7 @@ def test_a_check_leaves_nothing_on_the_target(sshd, pool, target_dir):
 
     def others(path):  # directories of other tests, possibly of another run on this machine
         if os.path.dirname(path) == str(sshd.home):
-            return os.path.basename(path).startswith("t-") and path != str(target_dir)
+            return os.path.basename(path).startswith(("t-", "e2e-", "cluster-e2e-")) and path != str(target_dir)
         if os.path.dirname(path) == "/tmp":
             try:
                 return os.lstat(path).st_uid != uid

@@ -32,6 +32,7 @@ from worker_agent.ssh import (
     ConnectError,
     RunResult,
     _transport_factory,
+    open_socket,
 )
 
 log = logging.getLogger("mado.launcher.ssh")
@@ -229,22 +230,15 @@ def _load_key(path: str) -> paramiko.PKey:
                                                 "launcher's state directory so a new one is made.") from None
 
 
-def _socket(hop: Hop, timeout: float) -> socket.socket:
-    where = f"{hop.host}:{hop.port}"
-    try:
-        sock = socket.create_connection((hop.host, hop.port), timeout=timeout)
-    except socket.gaierror:
-        raise ConnectError("ssh_failed", f"The host name {hop.host} cannot be resolved on the launcher's host: "
-                                         "check the host (or the first jump host).") from None
-    except ConnectionRefusedError:
-        raise ConnectError("ssh_failed", f"The connection to {where} was refused: check the host and port.") from None
-    except TimeoutError:
-        raise ConnectError("ssh_failed", f"No answer from {where} within {timeout:.0f} s: check the host, the port "
-                                         "and any firewall between the launcher and the site.") from None
-    except OSError as exc:
-        raise ConnectError("ssh_failed", f"Cannot connect to {where} ({exc.strerror or 'network error'}).") from None
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    return sock
+# worker_agent.ssh.open_socket's sentences, in the launcher's words.
+SOCKET_ERRORS = {
+    socket.gaierror: "The host name {host} cannot be resolved on the launcher's host: check the host (or the first "
+                     "jump host).",
+    ConnectionRefusedError: "The connection to {where} was refused: check the host and port.",
+    TimeoutError: "No answer from {where} within {timeout:.0f} s: check the host, the port and any firewall between "
+                  "the launcher and the site.",
+    OSError: "Cannot connect to {where} ({error}).",
+}
 
 
 def _tunnel(via: paramiko.SSHClient, previous: Hop, hop: Hop, timeout: float) -> paramiko.Channel:
@@ -309,7 +303,7 @@ class SiteConnection(Connection):
         known = KnownHosts(login.known_hosts)
         clients: list[paramiko.SSHClient] = []
         try:
-            sock = _socket(hops[0], self.connect_timeout)
+            sock = open_socket(hops[0].host, hops[0].port, self.connect_timeout, SOCKET_ERRORS)
             for index, hop in enumerate(hops):
                 if index:
                     sock = _tunnel(clients[-1], hops[index - 1], hop, self.connect_timeout)
