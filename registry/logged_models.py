@@ -70,11 +70,8 @@ def tree_of(call, experiment: str, model_id: str) -> Tree:
     if str(model.experiment_id) != experiment:
         raise not_found(f"Logged model with ID '{model_id}' not found in experiment {experiment}.")
 
-    def check() -> None:
-        check_write(call.user, call.principal, model)
-        _check_active(model)
-
-    return Tree(root_of(model), f"logged model {model.model_id}", check)
+    return Tree(root_of(model), f"logged model {model.model_id}",
+                lambda: check_writable(call.user, call.principal, model))
 
 
 # Who may write ------------------------------------------------------------------------------------
@@ -88,7 +85,9 @@ def check_write(user, principal, model: LoggedModel) -> None:
         raise denied("Writing logged models needs the member role in this project; ask a project admin.")
 
 
-def _check_active(model: LoggedModel) -> None:
+def check_writable(user, principal, model: LoggedModel) -> None:
+    """The caller may write this model, and it is not deleted."""
+    check_write(user, principal, model)
     if model.lifecycle_stage == DELETED:
         raise not_found(f"Logged model with ID '{model.model_id}' not found.")
 
@@ -173,33 +172,30 @@ def _save(model: LoggedModel, *fields: str) -> LoggedModel:
 
 
 def finalize(actor: Actor, principal, model: LoggedModel, status) -> LoggedModel:
-    check_write(actor.user, principal, model)
-    _check_active(model)
+    check_writable(actor.user, principal, model)
     model.status = _status(status)
     return _save(model, "status")
 
 
 def log_params(actor: Actor, principal, model: LoggedModel, params) -> LoggedModel:
-    check_write(actor.user, principal, model)
-    _check_active(model)
-    with transaction.atomic():
-        model = LoggedModel.objects.select_for_update().get(pk=model.pk)
-        model.params.update(_pairs(params, "params", MAX_PARAM_VAL_LENGTH))
-        return _save(model, "params")
+    return _merge(actor, principal, model, "params", params, MAX_PARAM_VAL_LENGTH)
 
 
 def set_tags(actor: Actor, principal, model: LoggedModel, tags) -> LoggedModel:
-    check_write(actor.user, principal, model)
-    _check_active(model)
+    return _merge(actor, principal, model, "tags", tags, MAX_TAG_VAL_LENGTH)
+
+
+def _merge(actor: Actor, principal, model: LoggedModel, field: str, pairs, limit: int) -> LoggedModel:
+    """MLflow's key/value lists into the model's `field` (params or tags), the row locked meanwhile."""
+    check_writable(actor.user, principal, model)
     with transaction.atomic():
         model = LoggedModel.objects.select_for_update().get(pk=model.pk)
-        model.tags.update(_pairs(tags, "tags", MAX_TAG_VAL_LENGTH))
-        return _save(model, "tags")
+        getattr(model, field).update(_pairs(pairs, field, limit))
+        return _save(model, field)
 
 
 def delete_tag(actor: Actor, principal, model: LoggedModel, key) -> None:
-    check_write(actor.user, principal, model)
-    _check_active(model)
+    check_writable(actor.user, principal, model)
     with transaction.atomic():
         model = LoggedModel.objects.select_for_update().get(pk=model.pk)
         if key not in model.tags:
@@ -211,8 +207,7 @@ def delete_tag(actor: Actor, principal, model: LoggedModel, key) -> None:
 def delete(actor: Actor, principal, model: LoggedModel) -> None:
     """As MLflow: the logged model is marked deleted (hidden, its files kept); versions registered from it
     stay and still download."""
-    check_write(actor.user, principal, model)
-    _check_active(model)
+    check_writable(actor.user, principal, model)
     with transaction.atomic():
         model.lifecycle_stage = DELETED
         _save(model, "lifecycle_stage")

@@ -21,8 +21,9 @@ from django_htmx.http import HttpResponseStopPolling
 
 from mado import access as identity
 from tracking import access, charts
-from tracking.artifacts import MAX_NAME_BYTES, MAX_PATH_BYTES, root_of
+from tracking.artifacts import clean_path, root_of
 from tracking.choices import TERMINAL_RUN_STATUSES, LifecycleStage, RunKind, RunStatus
+from tracking.errors import MlflowError
 from tracking.models import LatestMetric, Metric, Param, Run, point_value
 
 LIST_PAGE = 50
@@ -251,13 +252,13 @@ def run_artifact(request, project, run_id, path):
 
 
 def _artifact_file(root: Path, path: str) -> Path | None:
-    """The complete file at `path` inside `root`, or None: '..', '.', empty parts, absolute paths, NUL,
-    backslashes and names the file system refuses are turned away before the file system sees them, and a
-    path that leads out of the root through a link is found by resolving it."""
-    parts = path.split("/")
-    if ("\x00" in path or "\\" in path or any(part in ("", ".", "..") for part in parts)
-            or len(path.encode("utf-8", "surrogateescape")) > MAX_PATH_BYTES
-            or any(len(part.encode("utf-8", "surrogateescape")) > MAX_NAME_BYTES for part in parts)):
+    """The complete file at `path` inside `root`, or None: a path the MLflow API would refuse ('..', '.',
+    empty parts, absolute, NUL, backslashes, names the file system refuses) is turned away before the file
+    system sees it, and a path that leads out of the root through a link is found by resolving it."""
+    try:
+        if clean_path(path) != path:
+            return None
+    except MlflowError:
         return None
     root = root.resolve()
     target = (root / path).resolve()

@@ -32,6 +32,14 @@ CLAIM_WAIT = 2
 TARGET_PYTHON = "/usr/bin/python3"
 
 
+def local_computer_at(e2e, working_dir) -> ComputeTarget:
+    """A public Local computer (development only): the worker runs its jobs as its own user, in `working_dir`."""
+    return ComputeTarget.objects.create(
+        owner=e2e.world.global_admin, name=f"local-{uuid.uuid4().hex[:6]}", kind="local", visibility="public",
+        enabled=True, working_dir=str(working_dir), python_path=TARGET_PYTHON, runtimes=["python"], gpu_ids=[],
+        concurrency=1)
+
+
 def wait_until(predicate, timeout=30.0, interval=0.05, what="condition"):
     """tests.support.wait_for with the longer default that these end-to-end jobs need."""
     return wait_for(predicate, timeout, interval, what)

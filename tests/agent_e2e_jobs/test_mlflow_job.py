@@ -6,15 +6,13 @@ A "laptop" with a personal token then finds exactly what the script recorded thr
 the job API says the job finished, and the job's token no longer works."""
 from __future__ import annotations
 
-import uuid
 
 import pytest
 import requests
 
-from computers.models import ComputeTarget
 from jobs import services as job_services
 from mado.services import Actor
-from tests.agent_e2e_jobs.conftest import TARGET_PYTHON
+from tests.agent_e2e_jobs.conftest import local_computer_at
 from tests.support import mlflow_sessions_closed
 
 MLFLOW_REQUIREMENT = "mlflow-skinny==3.18.0\n"
@@ -54,10 +52,7 @@ def local_computer(e2e, tmp_path):
     """A Local computer (development only): the worker runs its jobs as its own user, here."""
     working_dir = tmp_path / "local-work"
     working_dir.mkdir()
-    return ComputeTarget.objects.create(
-        owner=e2e.world.global_admin, name=f"local-{uuid.uuid4().hex[:6]}", kind="local", visibility="public",
-        enabled=True, working_dir=str(working_dir), python_path=TARGET_PYTHON, runtimes=["python"], gpu_ids=[],
-        concurrency=1)
+    return local_computer_at(e2e, working_dir)
 
 
 def _run_mlflow_job(e2e, computer, mark: str):

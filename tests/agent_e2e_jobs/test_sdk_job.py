@@ -18,7 +18,6 @@ import shutil
 import subprocess
 import sys
 import time
-import uuid
 from pathlib import Path
 
 import pytest
@@ -27,11 +26,10 @@ from django.db import transaction
 from django.test import Client
 from django.urls import reverse
 
-from computers.models import ComputeTarget
 from jobs import services as job_services
 from jobs.models import Job
 from mado.services import Actor
-from tests.agent_e2e_jobs.conftest import TARGET_PYTHON, FlakyPort, wait_until
+from tests.agent_e2e_jobs.conftest import FlakyPort, local_computer_at, wait_until
 from tests.agent_e2e_jobs.test_faults import pid_alive
 from tests.support import kill_processes_under
 
@@ -157,10 +155,7 @@ def where(request, e2e, local_work, agent_wheel, settings):
         os.chown(wheel, e2e.uid, e2e.gid)
         yield e2e.computer, f"mado-tracking @ file://{wheel}\n"
         return
-    computer = ComputeTarget.objects.create(
-        owner=e2e.world.global_admin, name=f"local-{uuid.uuid4().hex[:6]}", kind="local", visibility="public",
-        enabled=True, working_dir=str(local_work), python_path=TARGET_PYTHON, runtimes=["python"], gpu_ids=[],
-        concurrency=1)
+    computer = local_computer_at(e2e, local_work)
     yield computer, f"mado-tracking @ file://{agent_wheel}\n"
     kill_processes_under(str(local_work))
 
