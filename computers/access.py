@@ -32,7 +32,7 @@ def manageable_by(user) -> QuerySet[ComputeTarget]:
     """Change, enable/disable, check: the owner and global administrators."""
     if not user.is_authenticated or identity.is_job_principal(user):
         return ComputeTarget.objects.none()
-    if user.is_superuser:
+    if identity.is_global_admin(user):
         return ComputeTarget.objects.all()
     return ComputeTarget.objects.filter(owner=user)
 
@@ -69,7 +69,7 @@ def workers_for_unnamed_check(target: ComputeTarget) -> list:
 def can_manage(user, target: ComputeTarget) -> bool:
     if not user.is_authenticated or identity.is_job_principal(user):
         return False  # a job's code never sees connection details, not even of its creator's computer
-    return user.is_superuser or target.owner_id == user.pk
+    return identity.is_global_admin(user) or target.owner_id == user.pk
 
 
 def can_use(user, target: ComputeTarget) -> bool:
@@ -83,13 +83,13 @@ def can_see_connection(user, target: ComputeTarget) -> bool:
 
 def can_add(user, kind: str) -> bool:
     if kind in (Kind.SSH, Kind.LOCAL):
-        return user.is_authenticated and user.is_superuser
+        return identity.is_global_admin(user)
     return user.is_authenticated  # sites: anyone signed in (the Sites issue builds them)
 
 
 def can_choose_worker(user) -> bool:
     """Choosing a worker, its key candidates and directory reads: global administrators."""
-    return user.is_authenticated and user.is_superuser
+    return identity.is_global_admin(user)
 
 
 def detail_for(user, pk: int) -> ComputeTarget:

@@ -10,6 +10,7 @@ from django.views.decorators.http import require_GET, require_http_methods
 
 from computers import groups
 from computers.models import ComputeGroup
+from mado.access import is_global_admin
 from mado.dialogs import dialog, dialog_done
 from mado.errors import ServiceError
 from mado.forms import add_service_error
@@ -22,14 +23,14 @@ CHANGED = "computeGroupsChanged"
 @require_GET
 def group_list(request):
     context = {"groups": ComputeGroup.objects.prefetch_related("computers"),
-               "can_change": request.user.is_superuser}
+               "can_change": is_global_admin(request.user)}
     if request.htmx and request.GET.get("fragment") == "list":
         return render(request, "computers/partials/_group_list.html", context)
     return render(request, "computers/group_list.html", context)
 
 
 def _admin_only(request) -> None:
-    if not request.user.is_superuser:
+    if not is_global_admin(request.user):
         raise PermissionDenied("Only global administrators change compute groups.")
 
 

@@ -124,6 +124,13 @@ def can_manage_members(user, project: Project) -> bool:
     return not is_service_user(user) and has_role(user, project, Role.ADMIN)
 
 
+def is_global_admin(user) -> bool:
+    """A global administrator acting in person (signed in, or with their own token): never through a
+    job's token, never as a service account. The one spelling of this check."""
+    return bool(user is not None and user.is_authenticated and user.is_superuser
+                and not is_job_principal(user) and not is_service_user(user))
+
+
 def can_manage_users(user) -> bool:
     """Creating people's accounts and their set-password links is for global administrators."""
-    return user.is_authenticated and user.is_superuser and not is_job_principal(user)
+    return is_global_admin(user)

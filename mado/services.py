@@ -69,8 +69,7 @@ def audit(actor: Actor, action: str, obj, *, project: Project | None = None, bef
 # Projects and members ---------------------------------------------------------------------------
 
 def create_project(actor: Actor, *, slug: str, name: str = "") -> Project:
-    if actor.user is not None and not actor.user.is_superuser:
-        raise Forbidden("Only global administrators can create projects.", "global_admin_required")
+    require_global_admin(actor, "Only global administrators can create projects.")
     slug = slug.strip().lower()
     if not SLUG_PATTERN.match(slug):
         raise ServiceError(
@@ -422,8 +421,7 @@ def require_global_admin(actor: Actor, message: str, code: str = "global_admin_r
     user = actor.user
     if user is None:
         return
-    if not (user.is_authenticated and user.is_superuser) or access.is_job_principal(user) \
-            or access.is_service_user(user):
+    if not access.is_global_admin(user):
         raise Forbidden(message, code)
 
 

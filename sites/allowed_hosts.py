@@ -188,5 +188,4 @@ def sees_launcher_messages(user) -> bool:
     """Global administrators read the launcher's own messages (checks, submissions); others what they can fix."""
     from mado import access as identity
 
-    return bool(user is not None and user.is_authenticated and user.is_superuser
-                and not identity.is_job_principal(user) and not identity.is_service_user(user))
+    return identity.is_global_admin(user)

@@ -71,8 +71,8 @@ class AllowedHostsForm(forms.Form):
     allowed_hosts = LauncherForm.base_fields["allowed_hosts"]
 
 
-def _require_superuser(request) -> None:
-    if not request.user.is_superuser or access.is_service_user(request.user):
+def _require_global_admin(request) -> None:
+    if not access.is_global_admin(request.user):
         raise PermissionDenied(_("Only global administrators manage launchers."))
 
 
@@ -88,7 +88,7 @@ def _rows():
 
 @login_required
 def launcher_list(request):
-    _require_superuser(request)
+    _require_global_admin(request)
     context = {"rows": _rows()}
     if request.htmx and request.GET.get("fragment") == "list":
         return render(request, "sites/partials/_launcher_list.html", context)
@@ -98,7 +98,7 @@ def launcher_list(request):
 @login_required
 @require_http_methods(["GET", "POST"])
 def launcher_create(request):
-    _require_superuser(request)
+    _require_global_admin(request)
     form = LauncherForm(request.POST or None)
     if request.method == "POST" and form.is_valid():
         try:
@@ -115,7 +115,7 @@ def launcher_create(request):
 @login_required
 @require_http_methods(["GET", "POST"])
 def launcher_token(request, launcher_id):
-    _require_superuser(request)
+    _require_global_admin(request)
     launcher = get_object_or_404(Launcher, pk=launcher_id)
     context = {"launcher": launcher, "action": reverse("launcher-token", args=[launcher.pk]), "error": None}
     if request.method == "POST":
@@ -132,7 +132,7 @@ def launcher_token(request, launcher_id):
 @require_http_methods(["GET", "POST"])
 def launcher_allowed_hosts(request, launcher_id):
     """Allowed hosts: the host name patterns the launcher may log in to (global administrators)."""
-    _require_superuser(request)
+    _require_global_admin(request)
     launcher = get_object_or_404(Launcher, pk=launcher_id)
     form = AllowedHostsForm(request.POST or None, initial={"allowed_hosts": "\n".join(launcher.allowed_hosts or [])})
     if request.method == "POST" and form.is_valid():
@@ -151,7 +151,7 @@ def launcher_allowed_hosts(request, launcher_id):
 @login_required
 @require_http_methods(["GET", "POST"])
 def launcher_revoke(request, launcher_id):
-    _require_superuser(request)
+    _require_global_admin(request)
     launcher = get_object_or_404(Launcher, pk=launcher_id)
     if request.method == "POST":
         launchers.revoke(Actor.from_request(request), launcher)

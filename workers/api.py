@@ -7,6 +7,7 @@ from rest_framework import exceptions
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from mado.access import is_global_admin
 from mado.api.views import items, project_for
 from workers.models import Worker
 
@@ -38,13 +39,13 @@ class ProjectWorkersView(APIView):
     def get(self, request, project):
         project = project_for(request, project)
         workers = Worker.objects.filter(project=project).select_related("project")
-        return Response(items([worker_body(w, with_candidates=request.user.is_superuser) for w in workers]))
+        return Response(items([worker_body(w, with_candidates=is_global_admin(request.user)) for w in workers]))
 
 
 class AllWorkersView(APIView):
     @extend_schema(responses=OpenApiTypes.OBJECT)
     def get(self, request):
-        if not request.user.is_superuser:
+        if not is_global_admin(request.user):
             raise exceptions.PermissionDenied("Only global administrators see every worker; "
                                               "use /api/projects/{project}/workers.")
         workers = Worker.objects.select_related("project")
