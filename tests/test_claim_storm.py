@@ -2,17 +2,14 @@
 from __future__ import annotations
 
 import random
-import threading
-import time
 from collections import Counter
 
 import pytest
-from django.db import connection
 
-from jobs import services
 from jobs.models import Job, JobEvent
 from mado.models import ApiToken, Membership
 from tests.job_fixtures import gpu_computer
+from tests.storm import run_storm
 from workers.models import Worker
 
 WORKERS = 16
@@ -50,53 +47,6 @@ def _violations(targets) -> list[str]:
     return problems
 
 
-def _storm(workers, targets) -> tuple[list[str], float]:
-    problems: list[str] = []
-    done = threading.Event()
-    errors: list[BaseException] = []
-
-    def work(worker):
-        held: list[Job] = []
-        try:
-            idle = 0
-            while idle < 3:
-                claimed = services.claim_job(worker, [j.pk for j in held])
-                if claimed is not None:
-                    idle = 0
-                    held.append(claimed[0])
-                if held and (claimed is None or len(held) >= 2 or random.random() < 0.5):
-                    job = held.pop(0)
-                    services.complete(worker, job.pk, lease_id=job.lease_id, status="finished", exit_code=0)
-                if claimed is None and not held:
-                    idle += 1
-                    time.sleep(0.01)
-        except BaseException as error:  # surfaced by the test below
-            errors.append(error)
-        finally:
-            connection.close()
-
-    def watch():
-        try:
-            while not done.is_set():
-                problems.extend(_violations(targets))
-                time.sleep(0.02)
-        finally:
-            connection.close()
-
-    watcher = threading.Thread(target=watch)
-    threads = [threading.Thread(target=work, args=(w,)) for w in workers]
-    started = time.monotonic()
-    watcher.start()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(600)
-    done.set()
-    watcher.join(10)
-    assert not errors, errors[:3]
-    return problems, time.monotonic() - started
-
-
 def _assert_every_job_claimed_exactly_once():
     assert Job.objects.exclude(status="finished").count() == 0
     claims = Counter(JobEvent.objects.filter(kind="claimed").values_list("job_id", flat=True))
@@ -107,7 +57,8 @@ def _assert_every_job_claimed_exactly_once():
 def test_a_storm_of_16_workers_claims_2000_single_gpu_jobs_exactly_once_without_overlap(world):
     targets, workers = _world_for_storm(world)
     _queue(world, targets, lambda i: [str((i // 4) % 4)])
-    problems, seconds = _storm(workers, targets)
+    problems, errors, seconds, _ = run_storm(workers, lambda: _violations(targets))
+    assert not errors, errors[:3]
     print(f"claim storm (1 GPU each): {JOBS} jobs in {seconds:.1f} s = {JOBS / seconds:.0f} claims/s")
     assert problems == []
     _assert_every_job_claimed_exactly_once()
@@ -119,7 +70,8 @@ def test_the_same_storm_with_overlapping_gpu_sets_never_puts_two_jobs_on_one_gpu
     rng = random.Random(7)
     sets = [sorted(rng.sample(["0", "1", "2", "3"], rng.choice([1, 2, 3]))) for _ in range(JOBS)]
     _queue(world, targets, lambda i: sets[i])
-    problems, seconds = _storm(workers, targets)
+    problems, errors, seconds, _ = run_storm(workers, lambda: _violations(targets))
+    assert not errors, errors[:3]
     print(f"claim storm (overlapping GPU sets): {JOBS} jobs in {seconds:.1f} s = {JOBS / seconds:.0f} claims/s")
     assert problems == []
     _assert_every_job_claimed_exactly_once()

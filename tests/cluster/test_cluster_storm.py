@@ -6,18 +6,16 @@ from __future__ import annotations
 
 import json
 import random
-import threading
-import time
 from collections import Counter
 
 import pytest
 from django.db import connection
 
-from jobs import services
 from jobs.models import Job, JobEvent
 from mado.models import ApiToken
 from tests.cluster.conftest import make_group
 from tests.job_fixtures import gpu_computer
+from tests.storm import run_storm
 from workers.models import Worker
 
 WORKERS = 12
@@ -78,27 +76,6 @@ def _queue(world, targets, group):
     Job.objects.bulk_create(jobs)
 
 
-def _work(worker, errors, rng):
-    held: list[Job] = []
-    idle = 0
-    try:
-        while idle < 30:
-            claimed = services.claim_job(worker, [j.pk for j in held])
-            if claimed is not None:
-                idle = 0
-                held.append(claimed[0])
-            if held and (claimed is None or len(held) >= 2 or rng.random() < 0.5):
-                job = held.pop(0)
-                services.complete(worker, job.pk, lease_id=job.lease_id, status="finished", exit_code=0)
-            if claimed is None and not held:
-                idle += 1
-                time.sleep(0.01)
-    except BaseException as error:  # surfaced by the test
-        errors.append(error)
-    finally:
-        connection.close()
-
-
 @pytest.mark.django_db(transaction=True)
 def test_a_storm_of_ordinary_and_cluster_claims_never_leaves_a_partial_reservation(world):
     targets = [gpu_computer(world.global_admin, f"node-{i}", gpus=GPUS, concurrency=4) for i in range(4)]
@@ -108,35 +85,12 @@ def test_a_storm_of_ordinary_and_cluster_claims_never_leaves_a_partial_reservati
                                      capabilities=["jobs", "cluster_jobs"])
                for i in range(WORKERS)]
     _queue(world, targets, group)
-    problems: list[str] = []
-    errors: list[BaseException] = []
-    done = threading.Event()
-    checks = Counter()
-
-    def watch():
-        try:
-            while not done.is_set():
-                problems.extend(_violations(targets))
-                checks["n"] += 1
-        finally:
-            connection.close()
-
-    watcher = threading.Thread(target=watch)
-    threads = [threading.Thread(target=_work, args=(w, errors, random.Random(i))) for i, w in enumerate(workers)]
-    started = time.monotonic()
-    watcher.start()
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(600)
-    _work(workers[0], errors, random.Random(99))  # whatever the storm left, one worker drains alone
-    done.set()
-    watcher.join(10)
-    seconds = time.monotonic() - started
-    print(f"cluster claim storm: {JOBS} jobs in {seconds:.1f} s, {checks['n']} consistency checks")
+    problems, errors, seconds, checks = run_storm(workers, lambda: _violations(targets), idle_rounds=30,
+                                                  drain=True)
+    print(f"cluster claim storm: {JOBS} jobs in {seconds:.1f} s, {checks} consistency checks")
     assert not errors, errors[:3]
     assert problems == [], problems[:5]
-    assert checks["n"] > 20
+    assert checks > 20
     assert Job.objects.exclude(status="finished").count() == 0
     claims = Counter(JobEvent.objects.filter(kind="claimed").values_list("job_id", flat=True))
     assert len(claims) == JOBS and set(claims.values()) == {1}
