@@ -73,6 +73,7 @@ bench: venv
 	$(PY) bench/relay_throughput.py
 	$(PY) bench/tracking_throughput.py
 	$(PY) bench/chart_render.py
+	$(PY) bench/list_pages.py
 
 clean:
 	rm -rf $(VENV) var
