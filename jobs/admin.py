@@ -1,4 +1,4 @@
-"""The operator's console for jobs and GPU reservations. Only the job lifecycle (jobs.services) writes
+"""The operator's console for jobs and GPU reservations. Only the job lifecycle (jobs.lifecycle) writes
 a Job's status, so the rows are read-only here and the actions call the same services as the pages."""
 from django.contrib import admin
 from django.utils import timezone

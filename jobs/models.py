@@ -20,6 +20,7 @@ from jobs.choices import (
     Stream,
     replica_names,
 )
+from jobs.lifecycle import IllegalTransition
 
 UNRESPONSIVE_AFTER = timedelta(seconds=60)
 
@@ -87,6 +88,15 @@ class Job(models.Model):
 
     def __str__(self) -> str:
         return self.name or f"job {self.pk}"
+
+    def save(self, *args, **kwargs):
+        """The status of a stored Job changes only through jobs.lifecycle.move: a save that would write
+        the column (update_fields naming it, or a full save) is refused. A new Job starts where it likes."""
+        fields = kwargs.get("update_fields")
+        if not self._state.adding and (fields is None or "status" in fields):
+            raise IllegalTransition(f"Job {self.pk}: save it with update_fields, without status; its status "
+                                    "changes through jobs.lifecycle.move.")
+        super().save(*args, **kwargs)
 
     @property
     def display_name(self) -> str:

@@ -22,7 +22,7 @@ from django.utils.translation import gettext as _
 from computers import access as computer_access
 from computers.choices import Runtime
 from computers.models import ComputeGroup, ComputeTarget
-from jobs import access, cluster, executors, hooks, inputs, outputs
+from jobs import access, cluster, executors, hooks, inputs, lifecycle, outputs
 from jobs.choices import (
     HELD_STATUSES,
     MAIN_REPLICA,
@@ -33,7 +33,8 @@ from jobs.choices import (
     JobStatus,
     Stream,
 )
-from jobs.models import UNRESPONSIVE_AFTER, GpuReservation, Job, JobEvent, JobReplica, LogChunk, Metric
+from jobs.lifecycle import event as _event
+from jobs.models import UNRESPONSIVE_AFTER, GpuReservation, Job, JobReplica, LogChunk, Metric
 from mado import access as identity
 from mado import services as identity_services
 from mado.choices import Role
@@ -332,12 +333,7 @@ def _reserve_gpus(job: Job, target: ComputeTarget) -> bool:
 
 def _mark_claimed(worker: Worker, job: Job) -> tuple[Job, str]:
     now = timezone.now()
-    job.status = JobStatus.CLAIMED
-    job.worker = worker
-    job.lease_id = uuid.uuid4()
-    job.claimed_at = now
-    job.heartbeat_at = now
-    job.save(update_fields=["status", "worker", "lease_id", "claimed_at", "heartbeat_at"])
+    lifecycle.move(job, JobStatus.CLAIMED, at=now, worker=worker, lease_id=uuid.uuid4(), heartbeat_at=now)
     _record, plaintext = identity_services.issue_job_token(job_id=job.pk, lease_id=job.lease_id,
                                                            project=job.project, user=job.created_by)
     _event(job, "claimed", f"Claimed by worker {worker.worker_id}")
@@ -447,12 +443,7 @@ def report_unresponsive() -> list[int]:
 def _requeue(job: Job, why: str, reason: str) -> None:
     """Back to the queue, on a locked CLAIMED job: its reservations, replicas and token go with it."""
     worker = job.worker
-    job.status = JobStatus.QUEUED
-    job.worker = None
-    job.lease_id = None
-    job.claimed_at = None
-    job.heartbeat_at = None
-    job.save(update_fields=["status", "worker", "lease_id", "claimed_at", "heartbeat_at"])
+    lifecycle.move(job, JobStatus.QUEUED, worker=None, lease_id=None, claimed_at=None, heartbeat_at=None)
     GpuReservation.objects.filter(job=job).delete()
     JobReplica.objects.filter(job=job).delete()
     identity_services.revoke_job_tokens(job.pk)
@@ -522,19 +513,9 @@ def heartbeat(worker: Worker, job_id: int, *, lease_id, status: str | None = Non
         job = leased(worker, job_id, lease_id)
         if job.is_terminal:
             raise Conflict(_ended(job), "job_ended")
-        now = timezone.now()
-        job.heartbeat_at = now
-        fields = ["heartbeat_at"]
-        if status == JobStatus.RUNNING and job.status == JobStatus.CLAIMED:
-            job.status = JobStatus.RUNNING
-            job.started_at = now
-            fields += ["status", "started_at"]
-            _event(job, "started", "Started")
-        elif status not in (None, JobStatus.RUNNING):
+        if status not in (None, JobStatus.RUNNING):
             raise ServiceError(_("status in a heartbeat is only 'running'."), "invalid", fields={"status": ["running"]})
-        job.save(update_fields=fields)
-        if "status" in fields:
-            hooks.run_after_start(job)
+        lifecycle.heartbeat(job, timezone.now(), running=status == JobStatus.RUNNING)
     return job
 
 
@@ -664,12 +645,8 @@ def complete(worker: Worker, job_id: int, *, lease_id, status: str, exit_code=No
 
 def _finish(job: Job, status: str, reason: str, *, exit_code=None, error: str = "") -> None:
     """End the job: its GPUs and its token go in the same transaction."""
-    job.status = status
-    job.end_reason = reason
-    job.exit_code = int(exit_code) if exit_code is not None else None
-    job.error = _printable(str(error or ""))[:1000]
-    job.finished_at = timezone.now()
-    job.save(update_fields=["status", "end_reason", "exit_code", "error", "finished_at", "end_replica"])
+    lifecycle.move(job, status, end_reason=reason, exit_code=int(exit_code) if exit_code is not None else None,
+                   error=_printable(str(error or ""))[:1000], end_replica=job.end_replica)
     GpuReservation.objects.filter(job=job).delete()
     identity_services.revoke_job_tokens(job.pk)
     hooks.run_after_end(job)  # e.g. tracking ends the Job's Run (jobs.hooks)
@@ -705,10 +682,6 @@ def request_stop(actor: Actor, job: Job) -> Job:
 
 
 # helpers ----------------------------------------------------------------------------------------
-
-def _event(job: Job, kind: str, message: str) -> None:
-    JobEvent.objects.create(job=job, kind=kind, message=message[:500])
-
 
 def _cluster_audit(job: Job) -> dict:
     if not job.is_cluster:

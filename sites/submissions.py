@@ -18,7 +18,7 @@ from django.utils import timezone
 from django.utils.translation import gettext as _
 
 from computers import access as computer_access
-from jobs import hooks, outputs
+from jobs import lifecycle, outputs
 from jobs import services as job_services
 from jobs.choices import MAIN_REPLICA, SITE_ACTIVE_STATUSES, EndReason, JobStatus
 from jobs.models import Job, JobReplica
@@ -190,7 +190,7 @@ def manual_submitters(user, target, *, project=None, job=None) -> dict:
 def _may_write(user, project) -> bool:
     """A member or admin of `project` now (global administrators are admins everywhere): who may hold a
     jobs:write token of it."""
-    return user.is_superuser or identity.has_role(user, project, Role(SCOPE_MIN_ROLE[Scope.JOBS_WRITE]))
+    return identity.has_role(user, project, Role(SCOPE_MIN_ROLE[Scope.JOBS_WRITE]))
 
 
 def in_callers_projects(jobs, user, project):
@@ -200,7 +200,7 @@ def in_callers_projects(jobs, user, project):
     the site's owner is never enough to receive another project's Jobs, their scripts and job tokens."""
     if project is not None:
         return jobs.filter(project=project)
-    if user.is_superuser:
+    if identity.is_global_admin(user):
         return jobs
     minimum = ROLE_RANK[Role(SCOPE_MIN_ROLE[Scope.JOBS_WRITE])]
     roles = [role.value for role, rank in ROLE_RANK.items() if rank >= minimum]
@@ -257,10 +257,7 @@ def _submit_group(actor, site, jobs, *, launcher, submitted_by, work_dir, variab
     by = f"launcher {launcher.name}" if launcher else f"{submitted_by.username} with mado-tracking submit"
     rows, tokens = [], {}
     for index, job in enumerate(jobs):
-        job.status = JobStatus.SUBMITTING
-        job.lease_id = uuid.uuid4()
-        job.claimed_at = now
-        job.save(update_fields=["status", "lease_id", "claimed_at"])
+        lifecycle.move(job, JobStatus.SUBMITTING, at=now, lease_id=uuid.uuid4())
         rows.append(Submission.objects.create(
             job=job, target=target, job_shell=shell, launcher=launcher, submitted_by=submitted_by, batch=batch_id,
             array_index=index, account_name=account_name, work_dir=work_dir, lease_id=job.lease_id, claimed_at=now))
@@ -495,8 +492,7 @@ def _apply_report(actor, row: Submission, job: Job, outcome: str, scheduler_id: 
         row.scheduler_job_id = scheduler_id
         row.save(update_fields=["status", "reported_at", "scheduler_job_id"])
         if job.status == JobStatus.SUBMITTING:
-            job.status = JobStatus.SUBMITTED
-            job.save(update_fields=["status"])
+            lifecycle.move(job, JobStatus.SUBMITTED)
             job_services._event(job, "submitted", f"Submitted to the scheduler as {scheduler_id}" if scheduler_id
                                 else "Submitted (no scheduler job id: the runner starts directly)")
             if job.stop_requested_at is not None:
@@ -691,8 +687,7 @@ def runner_start(job_id: int, data: dict) -> Job:
             row.scheduler_job_id = scheduler_id
             fields.append("scheduler_job_id")
         row.save(update_fields=fields)
-        job.status, job.heartbeat_at = JobStatus.WAITING_RESOURCES, now
-        job.save(update_fields=["status", "heartbeat_at"])
+        lifecycle.move(job, JobStatus.WAITING_RESOURCES, heartbeat_at=now)
         job_services._event(job, "runner_started", f"Runner started on {hostname or 'the compute node'}")
     return job
 
@@ -727,12 +722,11 @@ def _start_replica(call: RunnerCall, replica, hostname: str, scheduler_id: str) 
         row.scheduler_job_id = scheduler_id
         fields.append("scheduler_job_id")
     row.save(update_fields=fields)
-    job.heartbeat_at = now
-    job_fields = ["heartbeat_at"]
-    if job.status in (JobStatus.SUBMITTING, JobStatus.SUBMITTED):
-        job.status = JobStatus.WAITING_RESOURCES
-        job_fields.append("status")
-    job.save(update_fields=job_fields)
+    if lifecycle.can_move(job, JobStatus.WAITING_RESOURCES):  # the first replica's start: submitting or submitted
+        lifecycle.move(job, JobStatus.WAITING_RESOURCES, heartbeat_at=now)
+    else:
+        job.heartbeat_at = now
+        job.save(update_fields=["heartbeat_at"])
     job_services._event(job, "runner_started", f"Runner of {replica} started on {hostname or 'a compute node'}")
     return job
 
@@ -746,19 +740,11 @@ def runner_heartbeat(job_id: int, data: dict) -> Job:
         call = _runner_locked(job_id, data.get("runner_id"))
         job = call.job
         now = timezone.now()
-        job.heartbeat_at = now
-        fields = ["heartbeat_at"]
         running = status == JobStatus.RUNNING
         if running and job.is_cluster:
             running = _replica_running(call, now)
-        if running and job.status == JobStatus.WAITING_RESOURCES:
-            job.status, job.started_at = JobStatus.RUNNING, now
-            fields += ["status", "started_at"]
-            job_services._event(job, "started", f"Started: all {job.cluster_size} replicas run" if job.is_cluster
-                                else "Started")
-        job.save(update_fields=fields)
-        if "status" in fields:
-            hooks.run_after_start(job)
+        lifecycle.heartbeat(job, now, running=running,
+                            started=f"Started: all {job.cluster_size} replicas run" if job.is_cluster else "Started")
     return job
 
 
