@@ -117,7 +117,7 @@ def job_with_run(member, project, target, name: str):
 
 def insert_points(run_, keys: list[str], points: int) -> None:
     """The rows straight into the metric table with COPY (a slow fall with one spike per series), then the
-    latest point of each series as the write path keeps it, then ANALYZE as autovacuum would."""
+    latest point and count of each series as the write path keeps them, then ANALYZE as autovacuum would."""
     from django.db import connection
 
     from tracking.models import LatestMetric, Metric
@@ -132,7 +132,8 @@ def insert_points(run_, keys: list[str], points: int) -> None:
                     copy.write_row((run_.pk, key, value, 1_700_000_000_000 + i, i, False))
         cursor.execute(f"ANALYZE {table}")
     LatestMetric.objects.bulk_create([LatestMetric(run=run_, key=key, value=1.0 - (points - 1) / points,
-                                                   timestamp=1_700_000_000_000 + points - 1, step=points - 1)
+                                                   timestamp=1_700_000_000_000 + points - 1, step=points - 1,
+                                                   points=points)
                                       for key in keys])
 
 

@@ -4,18 +4,35 @@ from __future__ import annotations
 
 from mado import access as identity
 from mado.choices import Role
+from mado.models import role_at_least
 from tracking.errors import denied, not_found
 from tracking.models import Experiment, Run
 
 
+def remember_roles(user) -> None:
+    """For a user object that lives one request (the MLflow API's, fresh from its token): its role in a
+    project is then looked up once, not once for reading the Run and again for writing to it. Other user
+    objects (sessions, services' callers, tests holding one across role changes) are asked every time."""
+    user.tracking_roles = {}
+
+
+def _has_role(user, project, minimum: str) -> bool:
+    roles = getattr(user, "tracking_roles", None)
+    if roles is None:
+        return identity.has_role(user, project, minimum)
+    if project.pk not in roles:
+        roles[project.pk] = identity.project_role(user, project)
+    return role_at_least(roles[project.pk], minimum)
+
+
 def experiments_visible_in(user, project):
-    if not identity.has_role(user, project, Role.VIEWER):
+    if not _has_role(user, project, Role.VIEWER):
         return Experiment.objects.none()
     return Experiment.objects.filter(project=project)
 
 
 def runs_visible_in(user, project):
-    if not identity.has_role(user, project, Role.VIEWER):
+    if not _has_role(user, project, Role.VIEWER):
         return Run.objects.none()
     return Run.objects.filter(project=project)
 
@@ -45,7 +62,7 @@ def check_can_write(user, principal, run: Run) -> None:
     if job_id is not None and run.job_id != job_id:
         raise denied(f"This job token writes only to its own Job's Run; Run {run.run_id} is not that Run. Use "
                      "MLFLOW_RUN_ID (mlflow.start_run() without arguments) or a personal token with runs:write.")
-    if not identity.has_role(user, run.project, Role.MEMBER):
+    if not _has_role(user, run.project, Role.MEMBER):
         raise denied("Writing to Runs needs the member role in this project; ask a project admin.")
 
 
@@ -53,5 +70,5 @@ def check_can_create(user, principal, project) -> None:
     if job_id_of(principal) is not None:
         raise denied("A job token writes only to its own Job's Run; it cannot create experiments or other Runs. "
                      "Use a personal token with runs:write for that.")
-    if not identity.has_role(user, project, Role.MEMBER):
+    if not _has_role(user, project, Role.MEMBER):
         raise denied("Creating experiments and Runs needs the member role in this project; ask a project admin.")

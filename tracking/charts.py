@@ -13,13 +13,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from django.db.models import Count, ExpressionWrapper, F, FloatField, IntegerField, Max, Min, Value
+from django.db.models import Count, ExpressionWrapper, F, FloatField, IntegerField, Max, Min, OuterRef, Subquery, Value
 from django.db.models.functions import Cast, Floor, Least
 from django.utils.html import escape
 from django.utils.safestring import SafeString, mark_safe
 
 from jobs import charts as drawing
-from tracking.models import Metric, point_value
+from tracking.models import LatestMetric, Metric, point_value
 
 # Pixel columns of the plot area of jobs.charts' charts; ≤ jobs.charts.MAX_POINTS / 2, so its own
 # thinning never runs again on what this module hands it.
@@ -51,36 +51,55 @@ class Series:
 def run_series(run_ids: list[str], keys: list[str] | None = None, *, columns: int = COLUMNS) -> dict:
     """{run_id: {key: Series}}: every series of these Runs (or only `keys`), min/max per bucket.
 
-    Written with the ORM so that it runs on PostgreSQL and on the demo's SQLite alike: one query for the
-    bounds of every series, then one grouped query per series (a Run has a handful of series)."""
+    Written with the ORM so that it runs on PostgreSQL and on the demo's SQLite alike: one query for every
+    series' bounds and latest point, then one grouped query per series (a Run has a handful of series)."""
     result: dict[str, dict[str, Series]] = {run_id: {} for run_id in run_ids}
     if not run_ids:
         return result
-    drawn = Metric.objects.filter(run_id__in=list(run_ids), is_nan=False).exclude(value__in=_INFINITE)
-    if keys is not None:
-        drawn = drawn.filter(key__in=list(keys))
-    bounds = drawn.values("run_id", "key").annotate(lo=Min("step"), hi=Max("step"), n=Count("id"),
-                                                    t_lo=Min("timestamp"), t_hi=Max("timestamp"))
-    for bound in bounds.order_by("run_id", "key"):
+    drawn = Metric.objects.filter(is_nan=False).exclude(value__in=_INFINITE)
+    for bound in _bounds(run_ids, keys, drawn):
         axis = TIME if bound["lo"] == bound["hi"] and bound["t_lo"] < bound["t_hi"] else STEP
-        series = result[bound["run_id"]].setdefault(
-            bound["key"], Series(key=bound["key"], count=bound["n"], axis=axis, step=bound["lo"]))
+        series = result[bound["run_id"]][bound["key"]] = Series(
+            key=bound["key"], axis=axis, step=bound["lo"], last_step=bound["step"],
+            last_value=point_value(bound["value"], bound["is_nan"]))
         column, lo, hi = ("timestamp", bound["t_lo"], bound["t_hi"]) if axis == TIME else ("step", bound["lo"],
                                                                                          bound["hi"])
         span = max(hi - lo, 1)
         offset = ExpressionWrapper((Cast(F(column), FloatField()) - float(lo)) * float(columns) / float(span),
                                    output_field=FloatField())
         bucket = Least(Cast(Floor(offset), IntegerField()), Value(columns - 1), output_field=IntegerField())
+        # Count("*"), not of id: every column read is then in the unique index, so the series of a Run
+        # that autovacuum has visited is read from the index alone.
         rows = (drawn.filter(run_id=bound["run_id"], key=bound["key"]).annotate(bucket=bucket)
                 .values("bucket").annotate(lo_x=Min(column), hi_x=Max(column), low=Min("value"),
-                                           high=Max("value"), count=Count("id")).order_by())
+                                           high=Max("value"), count=Count("*")).order_by())
         origin = lo if axis == TIME else 0
         # Sorted here, not by the database: PostgreSQL guesses far more groups than the ≤ COLUMNS there
         # are, and would sort every row of the series first (spilling to disk at 100,000 points).
         for row in sorted(rows, key=lambda row: row["bucket"]):
+            series.count += row["count"]
             _add_bucket(series, row["lo_x"] - origin, row["hi_x"] - origin, row["low"], row["high"], row["count"])
-    _latest(result, keys)
     return result
+
+
+def _bounds(run_ids: list[str], keys: list[str] | None, drawn):
+    """Per series (a LatestMetric row: its latest point for the caption): the lowest and highest step of
+    its drawn points and the times of the first and the last of them, each read from the end of the
+    unique index on (run, key, step, timestamp, …) rather than by aggregating every row. A series whose
+    steps are all one has its first and last times there too. Series with nothing to draw are left out."""
+    series = drawn.filter(run_id=OuterRef("run_id"), key=OuterRef("key"))
+
+    def first(column: str, *order: str):
+        return Subquery(series.order_by(*order).values(column)[:1])
+
+    latest = LatestMetric.objects.filter(run_id__in=list(run_ids))
+    if keys is not None:
+        latest = latest.filter(key__in=list(keys))
+    latest = latest.annotate(lo=first("step", "step"), hi=first("step", "-step"),
+                             t_lo=first("timestamp", "step", "timestamp"),
+                             t_hi=first("timestamp", "-step", "-timestamp"))
+    return [bound for bound in latest.values("run_id", "key", "step", "value", "is_nan", "lo", "hi", "t_lo", "t_hi")
+            .order_by("run_id", "key") if bound["lo"] is not None]
 
 
 def _add_bucket(series: Series, lo_step: int, hi_step: int, low: float, high: float, count: int) -> None:
@@ -93,19 +112,6 @@ def _add_bucket(series: Series, lo_step: int, hi_step: int, low: float, high: fl
     if abs(previous - high) < abs(previous - low):
         pair = [(lo_step, high), (hi_step, low)]
     series.points.extend(pair)
-
-
-def _latest(result: dict, keys) -> None:
-    """Each series' latest point (LatestMetric, as MLflow defines it) for the captions."""
-    from tracking.models import LatestMetric
-
-    latest = LatestMetric.objects.filter(run_id__in=list(result))
-    if keys is not None:
-        latest = latest.filter(key__in=keys)
-    for run_id, key, step, value, is_nan in latest.values_list("run_id", "key", "step", "value", "is_nan"):
-        series = result[run_id].get(key)
-        if series is not None:
-            series.last_step, series.last_value = step, point_value(value, is_nan)
 
 
 def run_charts(run) -> list[dict]:

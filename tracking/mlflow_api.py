@@ -165,6 +165,7 @@ def endpoint(scope: str, methods=("POST",)):
                     raise MlflowError(f"The endpoint {request.path} takes {', '.join(methods)}, not "
                                       f"{request.method}.", "ENDPOINT_NOT_FOUND", status=405)
                 user, principal = _authenticate(request)
+                access.remember_roles(user)
                 if not principal.is_job and scope not in principal.scopes:
                     raise MlflowError(f"This token lacks the {scope} scope; issue a token that has it.",
                                       "PERMISSION_DENIED")

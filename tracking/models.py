@@ -132,13 +132,16 @@ class Metric(models.Model):
 
 class LatestMetric(models.Model):
     """The latest point of each series (largest step, then timestamp, then value, as MLflow): kept up
-    to date by every write, so get_run and searches on metrics never scan a history."""
+    to date by every write, so get_run and searches on metrics never scan a history. `points` counts the
+    series' stored points, written by the same statement as they are: the Run panel's change stamp, so a
+    poll of an open job page does not count a history."""
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="latest_metrics")
     key = models.CharField(max_length=250)
     value = models.FloatField()
     timestamp = models.BigIntegerField()
     step = models.BigIntegerField(default=0)
     is_nan = models.BooleanField(default=False)  # as Metric.is_nan
+    points = models.BigIntegerField(default=0)
 
     class Meta:
         ordering = ["key"]

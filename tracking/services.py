@@ -407,11 +407,11 @@ def _apply_special_tags(run: Run, rows: list[tuple[str, str]]) -> None:
 
 
 def _insert_points(run: Run, points) -> None:
-    """Metric points (key, value, timestamp, step) and each key's latest value in one SQL statement,
-    each point stored once: a point already there (the same batch sent again after a lost answer) is
-    skipped, as MLflow's primary key does. NaN is stored as MLflow stores it (value 0, is_nan). The rows
-    travel as five array literals rather than one model instance (and six parameters) per point: building
-    those was most of a 1000-point batch's time."""
+    """Metric points (key, value, timestamp, step) and each key's latest value and count of points in one
+    SQL statement, each point stored once: a point already there (the same batch sent again after a lost
+    answer) is skipped, as MLflow's primary key does. NaN is stored as MLflow stores it (value 0, is_nan).
+    The rows travel as five array literals rather than one model instance (and six parameters) per point:
+    building those was most of a 1000-point batch's time."""
     rows = {}
     for key, value, timestamp, step in points:
         value, is_nan = stored_value(value)
@@ -430,18 +430,16 @@ def _insert_points(run: Run, points) -> None:
 
 
 def _insert_points_portably(run: Run, rows, latest: dict) -> None:
-    table = LatestMetric._meta.db_table
-    values = ", ".join(["(%s, %s, %s, %s, %s, %s)"] * len(latest))
+    table, metric = LatestMetric._meta.db_table, Metric._meta.db_table
+    values = ", ".join([f"(%s, %s, %s, %s, %s, %s, (SELECT count(*) FROM {metric} WHERE run_id = %s AND key = %s))"]
+                       * len(latest))
     with transaction.atomic():
         Metric.objects.bulk_create([Metric(run_id=run.pk, key=k, value=v, timestamp=t, step=s, is_nan=n)
                                     for k, v, t, s, n in rows], batch_size=1000, ignore_conflicts=True)
         with connection.cursor() as cursor:
-            cursor.execute(
-                f"INSERT INTO {table} (run_id, key, value, timestamp, step, is_nan) VALUES {values} "
-                f"ON CONFLICT (run_id, key) DO UPDATE SET value = EXCLUDED.value, timestamp = EXCLUDED.timestamp, "
-                f"step = EXCLUDED.step, is_nan = EXCLUDED.is_nan WHERE (EXCLUDED.step, EXCLUDED.timestamp, "
-                f"EXCLUDED.value) >= ({table}.step, {table}.timestamp, {table}.value)",
-                [a for k, v, t, s, n in latest.values() for a in (run.pk, k, v, t, s, n)])
+            cursor.execute(f"INSERT INTO {table} AS latest (run_id, key, value, timestamp, step, is_nan, points) "
+                           f"VALUES {values} {_LATEST_UPDATE.format(points='EXCLUDED.points')}",
+                           [a for k, v, t, s, n in latest.values() for a in (run.pk, k, v, t, s, n, run.pk, k)])
 
 
 def _order_key(row: tuple) -> tuple:
@@ -458,15 +456,21 @@ def _array_literals(rows) -> list[str]:
             "{" + ",".join("t" if nan else "f" for nan in nans) + "}"]
 
 
-_COLUMNS = "SELECT %s, * FROM unnest(%s::text[], %s::float8[], %s::bigint[], %s::bigint[], %s::boolean[])"
-# The latest point replaces the stored one only if it is later (by step, then timestamp, then stored value).
+# The latest point replaces the stored one only if it is later (by step, then timestamp, then stored value);
+# the count of points grows by the points the statement stored.
+_LATER = "(EXCLUDED.step, EXCLUDED.timestamp, EXCLUDED.value) >= (latest.step, latest.timestamp, latest.value)"
+_LATEST_UPDATE = ("ON CONFLICT (run_id, key) DO UPDATE SET points = {points}, " + ", ".join(
+    f"{column} = CASE WHEN {_LATER} THEN EXCLUDED.{column} ELSE latest.{column} END"
+    for column in ("value", "timestamp", "step", "is_nan")))
+_COLUMNS = "unnest(%s::text[], %s::float8[], %s::bigint[], %s::bigint[], %s::boolean[])"
 _POINTS_SQL = (
-    f"WITH points AS (INSERT INTO {Metric._meta.db_table} (run_id, key, value, timestamp, step, is_nan) "
-    f"{_COLUMNS} ON CONFLICT DO NOTHING) "
-    f"INSERT INTO {LatestMetric._meta.db_table} AS latest (run_id, key, value, timestamp, step, is_nan) {_COLUMNS} "
-    "ON CONFLICT (run_id, key) DO UPDATE SET value = EXCLUDED.value, timestamp = EXCLUDED.timestamp, "
-    "step = EXCLUDED.step, is_nan = EXCLUDED.is_nan WHERE (EXCLUDED.step, EXCLUDED.timestamp, EXCLUDED.value) "
-    ">= (latest.step, latest.timestamp, latest.value)")
+    f"WITH stored AS (INSERT INTO {Metric._meta.db_table} (run_id, key, value, timestamp, step, is_nan) "
+    f"SELECT %s, * FROM {_COLUMNS} ON CONFLICT DO NOTHING RETURNING key), "
+    "counted AS (SELECT key, count(*) AS n FROM stored GROUP BY key) "
+    f"INSERT INTO {LatestMetric._meta.db_table} AS latest (run_id, key, value, timestamp, step, is_nan, points) "
+    f"SELECT %s, p.key, p.value, p.timestamp, p.step, p.is_nan, counted.n FROM {_COLUMNS} "
+    "AS p (key, value, timestamp, step, is_nan) JOIN counted ON counted.key = p.key "
+    + _LATEST_UPDATE.format(points="latest.points + EXCLUDED.points"))
 
 
 def _reuse_project(run: Run, principal) -> None:

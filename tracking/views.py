@@ -24,7 +24,7 @@ from tracking import access, charts
 from tracking.artifacts import clean_path, root_of
 from tracking.choices import TERMINAL_RUN_STATUSES, LifecycleStage, RunKind, RunStatus
 from tracking.errors import MlflowError
-from tracking.models import LatestMetric, Metric, Param, Run, point_value
+from tracking.models import LatestMetric, Param, Run, point_value
 
 LIST_PAGE = 50
 MAX_COLUMNS = 20            # parameter or metric columns chosen at once
@@ -53,11 +53,12 @@ def _artifacts(run: Run) -> list[dict]:
 
 
 def run_version(run: Run) -> str:
-    """Changes whenever the panel's content does; cheap enough for a poll every second."""
-    latest = list(LatestMetric.objects.filter(run=run).values_list("key", "step", "timestamp"))
+    """Changes whenever the panel's content does; cheap enough for a poll every second: each series' count
+    of points comes with its latest point (LatestMetric.points), so no history is counted."""
+    latest = list(LatestMetric.objects.filter(run=run).values_list("key", "step", "timestamp", "points"))
     tags = list(run.tags.values_list("key", "value"))
-    stamp = [run.status, run.end_time, run.name, run.kind, run.lifecycle_stage,
-             Metric.objects.filter(run=run).count(), latest, tags, run.params.count(), run.inputs.count(),
+    stamp = [run.status, run.end_time, run.name, run.kind, run.lifecycle_stage, latest, tags, run.params.count(),
+             run.inputs.count(),
              [(a["path"], a["size"], a["mtime"]) for a in _artifacts(run)]]
     return hashlib.sha256(repr(stamp).encode()).hexdigest()[:16]
 

@@ -57,6 +57,7 @@ def test_a_point_repeated_within_a_batch_is_stored_once(world, mlflow_env):
     _client().log_batch(run_id, metrics=points[100:200])  # part of it again
 
     assert Metric.objects.filter(run_id=run_id).count() == 400 + 2  # NaN and 0.0 at one step are two points
+    assert LatestMetric.objects.get(run_id=run_id, key="loss").points == 402  # what the job page's stamp counts
     history = _client().get_metric_history(run_id, "loss")
     assert [(m.step, m.timestamp) for m in history[:400]] == [(s, 2_000 + s) for s in range(400)]
     assert sorted((math.isnan(m.value), m.value if not math.isnan(m.value) else 0) for m in history[400:]) == [

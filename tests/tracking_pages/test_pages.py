@@ -231,3 +231,24 @@ def test_a_100000_point_series_is_drawn_downsampled_min_max_per_pixel_column(wor
     assert max(per_column.values()) <= 3  # two per bucket; a bucket edge may share a pixel with the next
     top = min(y for _x, y in points)  # SVG y grows downwards: the spike is the smallest y
     assert top < 20
+
+
+def test_a_point_at_an_earlier_step_reaches_the_open_page_and_a_quiet_poll_reads_no_history(world):
+    """A late point (step 1 after step 9: the series' latest point stays the same) still changes the
+    panel, so the open page gets it; a poll when nothing changed answers 204 without reading the
+    metric points, which an open job page would otherwise count once a second."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    run = standalone_run(world.member, world.project, "late-points")
+    log(run, world.member, "acc", [0.1])
+    log(run, world.member, "acc", [0.2] * 8, first_step=2)  # steps 2-9; step 1 comes late
+    client = client_for(world.viewer)
+    version = re.search(r'data-version="(\w+)"', client.get(f"/projects/lab/runs/{run.run_id}/").content.decode())
+    with CaptureQueriesContext(connection) as queries:
+        assert client.get(f"/projects/lab/runs/{run.run_id}/panel", {"v": version.group(1)}).status_code == 204
+    assert not [q["sql"] for q in queries.captured_queries if Metric._meta.db_table + '"' in q["sql"]]
+
+    log(run, world.member, "acc", [0.9], first_step=1)
+    fresh = client.get(f"/projects/lab/runs/{run.run_id}/panel", {"v": version.group(1)})
+    assert fresh.status_code == 200 and 'data-points="10"' in fresh.content.decode()
