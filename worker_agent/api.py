@@ -7,18 +7,18 @@ message: every text that leaves this module passes through `mask_tokens`."""
 from __future__ import annotations
 
 import logging
-import random
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
 import requests
 
 from worker_agent import __version__
-from worker_agent.text import mask_tokens
+from worker_agent.core.api import ApiError, Backoff, error_details, retryable
+from worker_agent.core.api import Unavailable as ApiUnavailable  # the server could not be reached after every retry
+from worker_agent.core.tokens import mask_tokens
 
 log = logging.getLogger("mado.worker.api")
 
@@ -27,33 +27,8 @@ READ_TIMEOUT = 30.0
 MAX_WAIT = 30
 
 
-class ApiError(Exception):
-    """The server answered with an error the worker cannot fix by retrying this call."""
-
-    def __init__(self, message: str, *, status: int | None = None, code: str | None = None,
-                 body: dict | None = None):
-        super().__init__(message)
-        self.status = status
-        self.code = code
-        self.body = body or {}
-
-
 class FatalApiError(ApiError):
     """401/403: the token itself is wrong. The worker stops; retrying cannot help."""
-
-
-class ApiUnavailable(ApiError):
-    """The server could not be reached (or kept failing) after every retry."""
-
-
-@dataclass
-class Backoff:
-    """Jittered exponential backoff: attempt n waits base·2ⁿ capped at `cap`, times a random 0.5–1."""
-    base: float = 0.5
-    cap: float = 30.0
-
-    def delay(self, attempt: int) -> float:
-        return min(self.cap, self.base * (2 ** attempt)) * random.uniform(0.5, 1.0)
 
 
 class ApiClient:
@@ -130,7 +105,7 @@ class ApiClient:
                     f"Cannot reach the API server at {self.api_url} ({type(exc).__name__}). "
                     "Check MMT_API_URL and that the server is running."))
                 continue
-            if response.status_code >= 500 or response.status_code == 429:
+            if retryable(response.status_code):
                 last = ApiUnavailable(f"The API server answered {response.status_code} to {method} /api/{path}.",
                                       status=response.status_code)
                 continue
@@ -151,9 +126,7 @@ class ApiClient:
                 raise ApiError(f"The API server answered {method} /api/{path} with something other than JSON: "
                                "check that MMT_API_URL points at the Mado server.", status=response.status_code)
             return data
-        body = data if isinstance(data, dict) else {}
-        code = body.get("code") if isinstance(body.get("code"), str) else None
-        server_text = self.mask(str(body.get("error") or "")) if body else ""
+        body, code, server_text = error_details(data, self.mask)
         if response.status_code == 401:
             raise FatalApiError(
                 "The API server rejected the worker token (401): it is unknown, expired or revoked, or its service "
@@ -273,7 +246,7 @@ class ApiClient:
         except requests.RequestException as exc:
             raise ApiUnavailable(self.mask(f"Cannot reach the API server at {self.api_url} ({type(exc).__name__}).")) \
                 from None
-        if response.status_code >= 500 or response.status_code == 429:
+        if retryable(response.status_code):
             response.close()
             raise ApiUnavailable(f"The API server answered {response.status_code} to {method} /api/{path}.",
                                  status=response.status_code)

@@ -51,7 +51,6 @@ import ipaddress
 import json
 import logging
 import queue
-import signal
 import tempfile
 import threading
 import time
@@ -63,7 +62,8 @@ from worker_agent.api import ApiClient, ApiError, ApiUnavailable, Backoff, Fatal
 from worker_agent.config import WorkerConfig
 from worker_agent.journal import JobJournal
 from worker_agent.remote_files import RemoteFileError, RemoteRange, fetch_source, list_outputs
-from worker_agent.results import OutputFile, ResultError, parse_result_json, too_many_files, validate_result
+from worker_agent.core.lifecycle import conclude, invalid_result, send_outputs, signal_name, upload
+from worker_agent.results import WORKER_LIMIT_SETTING, too_many_files
 from worker_agent.runtimes import RuntimeRefused, build_spec, read_facts
 from worker_agent.ssh import CommandTimeout, ConnectError, ConnectionPool, Target
 from worker_agent.supervisor import LogChunk, Remote, StateFrame, SupervisorError, workspace
@@ -75,14 +75,14 @@ log = logging.getLogger("mado.worker.jobs")
 HEARTBEAT_SECONDS = 5.0
 LOG_BATCH_BYTES = 4 << 20  # per POST; chunks stay ≤ 256 KiB (the server takes ≤ 1 MiB each)
 LOG_FLUSH_SECONDS = 0.2
-PART_THRESHOLD = 64 << 20
-PART_SIZE = 32 << 20
 # Before a job runs, a target that cannot be reached for this long fails the job; once it runs, the
 # worker keeps trying (the job is alive there and the network may come back).
 CONNECT_BEFORE_START_SECONDS = 300.0
 LEASE_GONE_409 = ("invalid_lease", "job_ended", "job_already_completed")
 # The network and the target: worth another try after a pause.
 TRANSIENT = (ConnectError, CommandTimeout, ConnectionError, OSError, EOFError)
+SUPERVISOR_LOST = ("The job's supervisor on the target ended unexpectedly, so its exit code is unknown; the job was "
+                   "not started again.")
 CONFIG_CONNECT_CODES = ("ssh_configuration", "host_key_unknown", "host_key_changed", "local_executor_disabled")
 
 
@@ -118,13 +118,6 @@ def new_record(item: dict) -> dict:
             "job_token": item.get("job_token"), "job": job, "step": "claimed",
             "offsets": {"stdout": 0, "stderr": 0}, "pending": [], "final": None, "completion": None,
             "running_reported": item.get("status") == "running", "claimed_at": now_iso()}
-
-
-def signal_name(number) -> str:
-    try:
-        return signal.Signals(int(number)).name
-    except (ValueError, TypeError):
-        return f"signal {number}"
 
 
 class Rechunker:
@@ -609,137 +602,55 @@ class JobRunner:
 
     # -- the end -------------------------------------------------------------------------------
 
+    def note(self, text: str, level: int) -> None:
+        log.log(level, "job %s: %s", self.id, text)
+
     def conclude(self, final: dict) -> dict:
-        status = final.get("status")
-        if status == "exited":
-            code, sig = final.get("exit_code"), final.get("signal")
-            if code == 0:
-                return self.outputs()
-            if code is not None:
-                return {"status": "failed", "exit_code": int(code), "end_reason": "exit_code"}
-            if sig:
-                return {"status": "failed", "end_reason": "exit_code",
-                        "error": f"The job was killed by {signal_name(sig)}."}
-            return {"status": "failed", "end_reason": "exit_code",
-                    "error": final.get("error") or "The job ended; its exit code is unknown."}
-        if status == "canceled":
-            return {"status": "canceled", "end_reason": "canceled"}
-        if status == "timed_out":
-            return {"status": "failed", "end_reason": "timed_out",
-                    "error": f"The walltime of {self.job.get('walltime_seconds')} s was reached; the job was stopped."}
-        if status == "failed_to_start":
-            return {"status": "failed", "end_reason": "start_failed",
-                    "error": final.get("error") or "The job could not be started."}
-        if status == "unknown":
-            return {"status": "failed", "end_reason": "worker_lost",
-                    "error": "The job's supervisor on the target ended unexpectedly, so its exit code is unknown; "
-                             "the job was not started again."}
-        return {"status": "failed", "end_reason": "worker_lost",
-                "error": final.get("error") or f"The job's state on the target is {status}."}
+        return conclude(final, self.outputs, walltime=self.job.get("walltime_seconds"), subject="The job",
+                        lost=lambda f: SUPERVISOR_LOST if f.get("status") == "unknown" else
+                        f.get("error") or f"The job's state on the target is {f.get('status')}.")
 
     def outputs(self) -> dict:
         outputs_dir = f"{self.job_dir}/outputs"
+        limit = self.config.max_output_files
         try:
             listing = self.on_target(lambda c: list_outputs(c, python=self.python, outputs_dir=outputs_dir,
-                                                            max_files=self.config.max_output_files),
-                                     "listing the outputs")
+                                                            max_files=limit), "listing the outputs")
         except RemoteFileError as exc:
-            return {"status": "failed", "exit_code": 0, "end_reason": "invalid_result", "error": exc.message}
+            return invalid_result(exc.message)
         if listing.get("result") is None:
             files = [f for f in listing.get("files") or [] if f.get("kind") != "dir"]
             if files:
                 log.info("job %s: %d file(s) in the outputs directory but no result.json: nothing is uploaded",
                          self.id, len(files))
-            return {"status": "finished", "exit_code": 0}
-        limit = self.config.max_output_files
-        if listing.get("too_many"):  # the listing stopped early: the count itself is the answer
+        elif listing.get("too_many"):  # the listing stopped early: the count itself is the answer
             error = too_many_files(f"more than {limit}", limit)
             log.warning("job %s: %s", self.id, error)
-            return {"status": "failed", "exit_code": 0, "end_reason": "invalid_result", "error": error}
-        entries = [OutputFile(path=f["path"], size=int(f["size"]), sha256=f.get("sha256") or "",
-                              kind=f.get("kind") or "file") for f in listing["files"]]
-        try:
-            parsed = parse_result_json(listing["result"])
-            validated = validate_result(parsed, entries, manifest_text=listing.get("manifest"), max_files=limit)
-        except ResultError as exc:
-            log.warning("job %s: invalid result.json: %s", self.id, exc.message)
-            return {"status": "failed", "exit_code": 0, "end_reason": "invalid_result", "error": exc.message}
-        manifest = listing["manifest"].decode("utf-8") if listing.get("manifest") is not None else None
-        try:
-            # The server applies this worker's limit up to its own maximum (MADO_MAX_OUTPUT_FILES).
-            answer = self.call(lambda: self.api.job_outputs(self.id, self.config.worker_id, self.lease,
-                                                            listing["result"].decode("utf-8"), listing["files"],
-                                                            manifest, max_files=limit), "outputs")
-        except ApiError as exc:
-            log.warning("job %s: the server refused result.json: %s", self.id, exc)
-            return {"status": "failed", "exit_code": 0, "end_reason": "invalid_result", "error": str(exc)}
-        sizes = {a["path"]: int(a["size"]) for a in validated.artifacts}
-        upload = [p for p in answer.get("upload") or [] if p in sizes]
-        total = sum(sizes[p] for p in upload)
-        log.info("job %s: result.json accepted (%d artifact(s), %d metric point(s)); uploading %d file(s), %d bytes",
-                 self.id, len(validated.artifacts), len(validated.metrics), len(upload), total)
-        for number, path in enumerate(upload, start=1):
-            try:
-                self.upload(path, sizes[path], number, len(upload))
-            except StartFailed as exc:
-                return {"status": "failed", "exit_code": 0, "end_reason": "invalid_result", "error": exc.message}
-        return {"status": "finished", "exit_code": 0}
+            return invalid_result(error)
+        # The server applies this worker's limit up to its own maximum (MADO_MAX_OUTPUT_FILES).
+        return send_outputs(listing, max_files=limit, limit_setting=WORKER_LIMIT_SETTING, note=self.note,
+                            upload=self.upload, declare=lambda result, files, manifest: self.call(
+                                lambda: self.api.job_outputs(self.id, self.config.worker_id, self.lease, result, files,
+                                                             manifest, max_files=limit), "outputs"))
 
     def upload(self, path: str, size: int, number: int, count: int) -> None:
         full = f"{self.job_dir}/outputs/{path}"
-        started = time.monotonic()
-        offset = 0
-        refused = 0
-        failures = 0
-        while True:
+
+        def put(offset: int, length: int, content_range: str | None) -> dict:
             self.check()
-            parts = size >= PART_THRESHOLD
-            length = min(PART_SIZE, size - offset) if parts else size
-            content_range = f"bytes {offset}-{offset + length - 1}/{size}" if parts else None
-            try:
-                connection = self.connection()
-                with RemoteRange(connection, python=self.python, path=full, offset=offset, length=length) as body:
-                    answer = self.api.put_artifact(self.id, self.config.worker_id, self.lease, path,
-                                                   body if length else b"", content_range=content_range)
-                failures = 0
-            except ApiUnavailable as exc:
-                failures += 1
-                log.warning("job %s: upload of %s interrupted (%s); retrying", self.id, path, exc)
-                self.pause(min(10.0, 0.5 * 2 ** min(failures, 5)))
-                continue
-            except ConnectError as exc:
-                failures += 1
-                log.warning("job %s: reading %s on the target failed (%s); retrying", self.id, path, exc.detail)
-                self.pause(min(10.0, 0.5 * 2 ** min(failures, 5)))
-                continue
-            except TRANSIENT as exc:
-                failures += 1
-                log.warning("job %s: upload of %s interrupted (%s); retrying", self.id, path, exc)
-                self.pause(min(10.0, 0.5 * 2 ** min(failures, 5)))
-                continue
-            except ApiError as exc:
-                if isinstance(exc, FatalApiError) or lease_gone(exc):
-                    raise LeaseRejected(f"{exc.status} {exc.code}: {exc}") from None
-                if exc.code == "range_mismatch":
-                    received = (exc.body.get("fields") or {}).get("received_bytes") or ["0"]
-                    offset = int(received[0])
-                    log.info("job %s: %s resumes at byte %d", self.id, path, offset)
-                    continue
-                refused += 1
-                if refused >= 3:
-                    raise StartFailed(f"The upload of {path} was refused: {exc}") from None
-                log.warning("job %s: upload of %s refused (%s); sending it again from the start", self.id, path, exc)
-                offset = 0
-                continue
-            offset = int(answer.get("received_bytes", offset + length))
-            if parts and not answer.get("complete"):
-                log.info("job %s: uploading %s (%d/%d): %d of %d bytes (%.0f%%)", self.id, path, number, count,
-                         offset, size, 100.0 * offset / size if size else 100.0)
-            if answer.get("complete") or offset >= size:
-                elapsed = time.monotonic() - started
-                log.info("job %s: uploaded %s (%d/%d, %d bytes, %.1f MB/s)", self.id, path, number, count, size,
-                         size / 1e6 / elapsed if elapsed > 0 else 0.0)
-                return
+            with RemoteRange(self.connection(), python=self.python, path=full, offset=offset, length=length) as body:
+                return self.api.put_artifact(self.id, self.config.worker_id, self.lease, path,
+                                             body if length else b"", content_range=content_range)
+
+        def progress(offset: int) -> None:
+            log.info("job %s: uploading %s (%d/%d): %d of %d bytes (%.0f%%)", self.id, path, number, count, offset,
+                     size, 100.0 * offset / size if size else 100.0)
+
+        try:
+            upload(path, size, put, gone=lease_gone, transient=TRANSIENT, note=self.note, progress=progress,
+                   pause=self.pause, cap=10.0)
+        except ApiError as exc:  # only a lost lease gets through (FatalApiError is a 401/403)
+            raise LeaseRejected(f"{exc.status} {exc.code}: {exc}") from None
 
     def deliver(self) -> bool:
         """Send the completion; False when the outputs must be sent again first."""

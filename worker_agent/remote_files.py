@@ -1,10 +1,9 @@
 """Files of a job on its target, moved over the job's connection with small standard-library programs
 (`python3 -I -c SCRIPT …`, nothing installed on the target):
 
-- `fetch_source`: the job's source into `<job_dir>/source` before the supervisor starts: an uploaded
-  archive (.tar.gz, streamed from the worker on stdin, extracted with only regular files and
-  directories accepted) or a git URL and ref (`git clone` + `git checkout` on the target). The result
-  appears under its final name only when complete, so a worker killed halfway fetches again.
+- `fetch_source`: the job's source into `<job_dir>/source` before the supervisor starts
+  (worker_agent.core.source on the target): an uploaded archive (.tar.gz, streamed from the worker on
+  stdin) or a git URL and ref.
 - `list_outputs`: the outputs directory as the result.json validator wants it (path, size, sha256,
   kind; symbolic links are reported, never followed) plus the bytes of result.json and of the
   artifacts manifest it names.
@@ -17,14 +16,17 @@ import inspect
 import json
 
 from worker_agent import results
+from worker_agent.core import outputs as core_outputs
+from worker_agent.core import source as core_source
 from worker_agent.ssh import CommandTimeout, ConnectError
 
 SOURCE_SCRIPT = r'''
-import json, os, shutil, stat, subprocess, sys, tarfile, uuid
+import json, os, stat, sys
 
 def out(**kw):
     print(json.dumps(kw)); sys.exit(0)
 
+''' + inspect.getsource(core_source) + r'''
 job_dir, kind = sys.argv[1], sys.argv[2]
 parts = job_dir.rstrip("/").split("/")
 working_dir = "/".join(parts[:-3]) or "/"
@@ -42,109 +44,32 @@ for part in parts[-3:]:
     if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
         out(ok=False, code="symlink_refused", error=f"{path} is a symbolic link or not a directory: remove it.")
 os.chmod(job_dir, 0o700)
-final = os.path.join(job_dir, "source")
-if os.path.lexists(final):
+if os.path.lexists(os.path.join(job_dir, "source")):
     out(ok=True, existing=True)
-tmp = os.path.join(job_dir, ".source-" + uuid.uuid4().hex[:8])
-os.mkdir(tmp, 0o700)
 try:
     if kind == "archive":
-        count = 0
-        with tarfile.open(fileobj=sys.stdin.buffer, mode="r|gz") as archive:
-            for member in archive:
-                name = member.name
-                while name.startswith("./"):
-                    name = name[2:]
-                name = name.rstrip("/")
-                if not name or name == ".":
-                    continue
-                pieces = name.split("/")
-                if name.startswith("/") or ".." in pieces or "\0" in name:
-                    out(ok=False, code="source_unsafe", error=f"The source archive holds the unsafe path {name!r}.")
-                target = os.path.join(tmp, *pieces)
-                if member.isdir():
-                    os.makedirs(target, 0o755, exist_ok=True)
-                elif member.isfile():
-                    os.makedirs(os.path.dirname(target), 0o755, exist_ok=True)
-                    data = archive.extractfile(member)
-                    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW,
-                                 0o755 if member.mode & 0o111 else 0o644)
-                    with os.fdopen(fd, "wb") as f:
-                        shutil.copyfileobj(data, f, 1 << 20)
-                    count += 1
-                elif member.issym() or member.islnk():
-                    out(ok=False, code="source_unsafe", error=f"The source archive holds the link {name!r}; "
-                        "links are not accepted in a source archive.")
-                else:
-                    out(ok=False, code="source_unsafe", error=f"The source archive holds {name!r}, which is not a "
-                        "file or a directory.")
-    else:
-        url, ref = sys.argv[3], sys.argv[4]
-        env = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR") or
-               k.startswith(("GIT_SSH", "SSH_AUTH", "http_", "https_", "HTTP_", "HTTPS_", "no_proxy", "NO_PROXY"))}
-        env["GIT_TERMINAL_PROMPT"] = "0"
-        for argv in (["git", "clone", "--quiet", "--no-checkout", "--", url, tmp + "/repo"],
-                     ["git", "-C", tmp + "/repo", "checkout", "--quiet", "--detach", ref]):
-            try:
-                ran = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, env=env, timeout=1800)
-            except FileNotFoundError:
-                out(ok=False, code="git_missing", error="git is not installed on the target: install it, or upload "
-                    "the source as an archive.")
-            if ran.returncode != 0:
-                tail = ran.stderr.decode("utf-8", "replace").strip().splitlines()[-3:]
-                out(ok=False, code="git_failed", error=f"{' '.join(argv[:2])} failed: " + " | ".join(tail))
-        os.rename(tmp + "/repo", final)
-        out(ok=True, existing=False)
-    os.rename(tmp, final)
-    out(ok=True, existing=False, files=count)
+        out(ok=True, existing=False, files=unpack_source(sys.stdin.buffer, job_dir))
+    clone_source(sys.argv[3], sys.argv[4], job_dir, "on the target", 1800)
+    out(ok=True, existing=False)
+except SourceError as exc:
+    out(ok=False, code=exc.code, error=str(exc))
 except (OSError, tarfile.TarError, EOFError) as exc:
     out(ok=False, code="source_failed", error=f"The source could not be unpacked on the target: {exc}.")
-finally:
-    if os.path.lexists(tmp):
-        shutil.rmtree(tmp, ignore_errors=True)
 '''
 
 LIST_SCRIPT = r'''
 import base64, hashlib, json, os, stat, sys
 
-root, max_files = sys.argv[1], int(sys.argv[2])
+''' + inspect.getsource(results.file_sha256) + inspect.getsource(results.walk_outputs) + \
+    inspect.getsource(core_outputs.read_limited) + inspect.getsource(core_outputs.read_outputs) + r'''
 try:
-    st = os.lstat(root)
-except FileNotFoundError:
-    print(json.dumps({"files": [], "result": None, "manifest": None, "missing": True})); sys.exit(0)
-if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
-    print(json.dumps({"error": "The outputs directory is a symbolic link or not a directory."})); sys.exit(0)
-''' + inspect.getsource(results.file_sha256) + inspect.getsource(results.walk_outputs) + r'''
-files, too_many = walk_outputs(root, max_files)
-
-def read(rel, limit):
-    try:
-        fd = os.open(os.path.join(root, rel), os.O_RDONLY | os.O_NOFOLLOW)
-    except OSError:
-        return None
-    with os.fdopen(fd, "rb") as f:
-        return base64.b64encode(f.read(limit + 1)).decode()
-
-def regular(rel):
-    try:
-        return stat.S_ISREG(os.lstat(os.path.join(root, rel)).st_mode)
-    except OSError:
-        return False
-
-# A listing cut short (too_many) may stop before result.json: the job still declared its outputs.
-has_result = any(f["path"] == "result.json" and f["kind"] == "file" for f in files) or \
-    (too_many and regular("result.json"))
-result = read("result.json", 1024 * 1024) if has_result else None
-manifest = None
-if result is not None:
-    try:
-        name = json.loads(base64.b64decode(result)).get("artifactsManifest")
-    except Exception:
-        name = None
-    if isinstance(name, str) and name and ".." not in name.split("/") and not name.startswith("/") and \
-            any(f["path"] == name and f["kind"] == "file" for f in files):
-        manifest = read(name, max_files * 4096)  # results.decode_manifest's limit
-print(json.dumps({"files": files, "result": result, "manifest": manifest, "too_many": too_many}))
+    listing = read_outputs(sys.argv[1], int(sys.argv[2]))
+except ValueError as exc:
+    print(json.dumps({"error": str(exc)})); sys.exit(0)
+for key in ("result", "manifest"):
+    if listing[key] is not None:
+        listing[key] = base64.b64encode(listing[key]).decode()
+print(json.dumps(listing))
 '''
 
 CAT_SCRIPT = r'''

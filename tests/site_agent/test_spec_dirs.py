@@ -38,7 +38,7 @@ def assert_spec_dir(directory, job_id):
     modes = tree(directory)
     assert modes == {
         "job.json": 0o600, "mmt-runner": 0o700, "lib": 0o700, "lib/worker_agent": 0o700,
-        "lib/worker_agent/site": 0o700, **{f"lib/{rel}": 0o600 for rel in spec.BUNDLE}}
+        "lib/worker_agent/site": 0o700, "lib/worker_agent/core": 0o700, **{f"lib/{rel}": 0o600 for rel in spec.BUNDLE}}
     data = json.loads((directory / "job.json").read_text())
     assert data == {"format": 1, "api_url": "https://tracking.example.org", "token": f"{TOKEN}{job_id}",
                     "job": {"id": job_id, "command": ["x"]}}

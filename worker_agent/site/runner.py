@@ -6,9 +6,9 @@
 
 It reads `SPEC_DIR/job.json` (`{format: 1, api_url, token, job}`, written by the launcher or by
 `mado-tracking submit`) and talks to the server with the Job's job token only. Standard library only,
-plus the five bundled modules the launcher copies into `SPEC_DIR/lib/` (supervisor, runtimes, jobenv,
-results, text), so a compute node needs nothing but a Python >= 3.11: the Job runs with the same supervisor,
-runtimes and environment as on a worker.
+plus the modules the launcher bundles into `SPEC_DIR/lib/` (supervisor, runtimes, jobenv, results and
+worker_agent.core: worker_agent.site.spec.BUNDLE), so a compute node needs nothing but a Python >= 3.11:
+the Job runs with the same supervisor, runtimes, environment and job-end logic as on a worker.
 
 1. `start` with a fresh runner id (the Job becomes `waiting_resources`); a second runner of the same Job
    is refused (409 `runner_conflict`, exit 3).
@@ -56,9 +56,7 @@ import http.client
 import json
 import math
 import os
-import random
 import re
-import shutil
 import signal
 import socket
 import stat
@@ -78,7 +76,11 @@ if __package__ in (None, ""):  # run as a file: python SPEC_DIR/lib/worker_agent
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 from worker_agent import __version__, jobenv, results, runtimes, supervisor
-from worker_agent.text import mask_tokens
+from worker_agent.core import lifecycle
+from worker_agent.core import outputs as core_outputs
+from worker_agent.core import source as core_source
+from worker_agent.core.api import ApiError, Backoff, Unavailable, error_details, retryable
+from worker_agent.core.tokens import mask_tokens
 
 SPEC_FORMAT = 1
 SPEC_ROOT = ".mmt-submissions"
@@ -87,8 +89,6 @@ LOG_CHUNK = 1 << 20  # the server takes chunks of at most 1 MiB
 LOG_BATCH = 4 << 20  # per POST
 LOG_TICK_BUDGET = 2.0  # seconds of log sending per loop turn before heartbeats get a turn
 POLL_SECONDS = 0.2
-PART_THRESHOLD = 64 << 20
-PART_SIZE = 32 << 20
 CONNECT_TIMEOUT = 30.0
 START_PATIENCE = 600.0  # seconds of an unreachable API before the runner gives up starting
 RETRY_CAP = 30.0
@@ -109,22 +109,8 @@ class ConfigError(Exception):
     """The spec directory (or the site's settings it carries) cannot work: exit 2."""
 
 
-class ApiError(Exception):
-    """The server answered with an error that retrying will not change."""
-
-    def __init__(self, message: str, *, status: int | None = None, code: str | None = None, body: dict | None = None):
-        super().__init__(message)
-        self.status = status
-        self.code = code
-        self.body = body or {}
-
-
 class Refused(ApiError):
     """The server no longer lets this runner report the Job (401, 403, 404, 409 runner_conflict/job_ended)."""
-
-
-class Unavailable(ApiError):
-    """The server could not be reached, or answered 429/5xx: worth another try."""
 
 
 class StartFailed(Exception):
@@ -200,8 +186,8 @@ def load_spec(spec_dir: str) -> Spec:
 
 # -- output of the runner itself -----------------------------------------------------------------
 
-def note(text: str) -> None:
-    """One line on stderr (the scheduler's log of the batch job)."""
+def note(text: str, _level: int = 0) -> None:
+    """One line on stderr (the scheduler's log of the batch job); `_level` is core.lifecycle's."""
     stamp = time.strftime("%Y-%m-%d %H:%M:%S")
     try:
         print(f"[mado-runner {stamp}{_label}] {mask(text)}", file=sys.stderr, flush=True)
@@ -298,10 +284,9 @@ class Api:
             body = json.loads(raw.decode("utf-8"))
         except (UnicodeDecodeError, ValueError):
             body = None
-        body = body if isinstance(body, dict) else {}
-        code = body.get("code") if isinstance(body.get("code"), str) else None
-        text = self.mask(str(body.get("error") or "")) or f"The server answered {status} to {where}."
-        if status >= 500 or status == 429:
+        body, code, text = error_details(body, self.mask)
+        text = text or f"The server answered {status} to {where}."
+        if retryable(status):
             return Unavailable(f"The server answered {status} to {where}.", status=status, code=code, body=body)
         kind = Refused if is_refusal(status, code) else ApiError
         return kind(text, status=status, code=code, body=body)
@@ -320,7 +305,7 @@ class Api:
                 failures += 1
                 if (patience is not None and time.monotonic() - started >= patience) or (give_up and give_up()):
                     raise
-                delay = min(RETRY_CAP, 0.5 * 2 ** min(failures, 8)) * random.uniform(0.5, 1.0)
+                delay = Backoff(cap=RETRY_CAP).delay(failures)
                 if failures == 1 or failures % 10 == 0:
                     note(f"{what or path} not delivered yet ({exc}); trying again in {delay:.0f} s.")
                 time.sleep(delay)
@@ -355,110 +340,33 @@ def ensure_workspace(working_dir: str, job_id: int) -> str:
 
 def unpack_archive(archive_path: str, job_dir: str) -> int:
     """Regular files and directories of a .tar.gz into `<job_dir>/source` (it appears only when complete)."""
-    final = os.path.join(job_dir, "source")
-    tmp = tempfile.mkdtemp(prefix=".source-", dir=job_dir)
-    count = 0
     try:
-        with tarfile.open(archive_path, mode="r:gz") as archive:
-            for member in archive:
-                name = member.name
-                while name.startswith("./"):
-                    name = name[2:]
-                name = name.rstrip("/")
-                if not name or name == ".":
-                    continue
-                pieces = name.split("/")
-                if name.startswith("/") or ".." in pieces or "\0" in name:
-                    raise StartFailed(f"The source archive holds the unsafe path {name!r}; upload it again without it.")
-                target = os.path.join(tmp, *pieces)
-                if member.isdir():
-                    os.makedirs(target, 0o755, exist_ok=True)
-                elif member.isfile():
-                    os.makedirs(os.path.dirname(target), 0o755, exist_ok=True)
-                    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW,
-                                 0o755 if member.mode & 0o111 else 0o644)
-                    with os.fdopen(fd, "wb") as f:
-                        shutil.copyfileobj(archive.extractfile(member), f, 1 << 20)
-                    count += 1
-                else:
-                    raise StartFailed(f"The source archive holds {name!r}, which is not a file or a directory; links "
-                                      "and special files are not accepted in a source archive.")
-        os.rename(tmp, final)
+        with open(archive_path, "rb") as f:
+            return core_source.unpack_source(f, job_dir)
+    except core_source.SourceError as exc:
+        raise StartFailed(str(exc)) from None
     except (OSError, tarfile.TarError, EOFError) as exc:
         raise StartFailed(f"The source archive could not be unpacked here: {exc}.") from None
-    finally:
-        if os.path.lexists(tmp):
-            shutil.rmtree(tmp, ignore_errors=True)
-    return count
 
 
 def clone_source(source: dict, job_dir: str) -> None:
-    final = os.path.join(job_dir, "source")
-    tmp = tempfile.mkdtemp(prefix=".source-", dir=job_dir)
-    env = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR") or
-           k.startswith(("GIT_SSH", "SSH_AUTH", "http_", "https_", "HTTP_", "HTTPS_", "no_proxy", "NO_PROXY"))}
-    env["GIT_TERMINAL_PROMPT"] = "0"
-    repo = os.path.join(tmp, "repo")
     try:
-        for argv in (["git", "clone", "--quiet", "--no-checkout", "--", str(source.get("url") or ""), repo],
-                     ["git", "-C", repo, "checkout", "--quiet", "--detach", str(source.get("ref") or "HEAD")]):
-            try:
-                ran = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, env=env, timeout=3600,
-                                     check=False)
-            except FileNotFoundError:
-                raise StartFailed("git is not installed on this compute node: install it, or upload the source as "
-                                  "an archive.") from None
-            except subprocess.TimeoutExpired:
-                raise StartFailed(f"{' '.join(argv[:2])} did not finish within an hour.") from None
-            if ran.returncode != 0:
-                tail = ran.stderr.decode("utf-8", "replace").strip().splitlines()[-3:]
-                raise StartFailed(mask(f"{' '.join(argv[:2])} failed: " + " | ".join(tail)))
-        os.rename(repo, final)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-
-
-def _read_limited(path: str, limit: int) -> bytes | None:
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
-    except OSError:
-        return None
-    with os.fdopen(fd, "rb") as f:
-        return f.read(limit + 1)
+        core_source.clone_source(str(source.get("url") or ""), str(source.get("ref") or "HEAD"), job_dir,
+                                 "on this compute node", 3600)
+    except core_source.SourceError as exc:
+        raise StartFailed(mask(str(exc))) from None
 
 
 def list_outputs(outputs_dir: str, max_files: int) -> dict:
-    """The outputs directory as the worker reports it: {files: [{path, size, sha256, kind}], result:
-    bytes | None, manifest: bytes | None}. Symbolic links are reported, never followed."""
+    """The outputs directory as the worker reports it (core.outputs.read_outputs)."""
     try:
-        st = os.lstat(outputs_dir)
-    except FileNotFoundError:
-        return {"files": [], "result": None, "manifest": None}
-    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
-        raise StartFailed("The outputs directory is a symbolic link or not a directory.")
-    files, too_many = results.walk_outputs(outputs_dir, max_files)
-    if too_many:
+        listing = core_outputs.read_outputs(outputs_dir, max_files)
+    except ValueError as exc:
+        raise StartFailed(str(exc)) from None
+    if listing["too_many"]:
         raise StartFailed(f"The outputs directory holds more than {max_files} files; keep fewer (pack them "
                           "into an archive).")
-    has_result = any(f["path"] == "result.json" and f["kind"] == "file" for f in files)
-    result = _read_limited(os.path.join(outputs_dir, "result.json"), results.MAX_RESULT_BYTES) if has_result else None
-    manifest = None
-    if result is not None:
-        try:
-            name = json.loads(result.decode("utf-8")).get("artifactsManifest")
-        except (ValueError, AttributeError):
-            name = None
-        if isinstance(name, str) and name and ".." not in name.split("/") and not name.startswith("/") and \
-                any(f["path"] == name and f["kind"] == "file" for f in files):
-            manifest = _read_limited(os.path.join(outputs_dir, name), 64 << 20)
-    return {"files": files, "result": result, "manifest": manifest}
-
-
-def signal_name(number) -> str:
-    try:
-        return signal.Signals(int(number)).name
-    except (ValueError, TypeError):
-        return f"signal {number}"
+    return listing
 
 
 # -- cluster jobs: which replica this runner is, and where the others run -----------------------
@@ -612,7 +520,8 @@ class Runner:
     def _on_signal(self, signum, frame) -> None:
         if self.stop_reason is None:
             self.stop_reason = "timed_out"
-            note(f"{signal_name(signum)} received (the scheduler's time limit is near): stopping the Job's code.")
+            note(f"{lifecycle.signal_name(signum)} received (the scheduler's time limit is near): stopping the Job's "
+                 "code.")
         self.request_stop()
 
     def request_stop(self) -> None:
@@ -1024,121 +933,60 @@ class Runner:
     # -- the end ----------------------------------------------------------------------------------
 
     def conclude(self, final: dict) -> dict:
-        status = final.get("status")
-        code, sig = final.get("exit_code"), final.get("signal")
+        status, code = final.get("status"), final.get("exit_code")
         if self.stop_reason == "timed_out" and status in ("exited", "canceled", "timed_out"):
             if code == 0 and not self.is_sub:
                 self.send_outputs(best_effort=True)  # a checkpoint written on SIGTERM is kept
             return {"status": "failed", "end_reason": "timed_out", **({"exit_code": code} if code is not None else {}),
                     "error": "The scheduler's time limit was reached: the batch job got SIGTERM and the code was "
                              "stopped."}
-        if status == "exited":
-            if code == 0:
-                # Only main1's outputs are collected; a sub that is done simply says so.
-                return {"status": "finished", "exit_code": 0} if self.is_sub else self.send_outputs()
-            if code is not None:
-                return {"status": "failed", "exit_code": int(code), "end_reason": "exit_code"}
-            return {"status": "failed", "end_reason": "exit_code",
-                    "error": f"The code was killed by {signal_name(sig)}." if sig else
-                    (final.get("error") or "The code ended; its exit code is unknown.")}
-        if status == "canceled":
-            return {"status": "canceled", "end_reason": "canceled"}
-        if status == "timed_out":
-            return {"status": "failed", "end_reason": "timed_out",
-                    "error": f"The walltime of {self.job.get('walltime_seconds')} s was reached; the code was stopped."}
-        if status == "failed_to_start":
-            return {"status": "failed", "end_reason": "start_failed",
-                    "error": final.get("error") or "The code could not be started."}
-        return {"status": "failed", "end_reason": "worker_lost",
-                "error": final.get("error") or f"The Job's supervisor on the compute node ended unexpectedly ({status}); "
-                                               "the exit code is unknown."}
+        # Only main1's outputs are collected; a sub that is done simply says so.
+        return lifecycle.conclude(
+            final, (lambda: dict(lifecycle.FINISHED)) if self.is_sub else self.send_outputs,
+            walltime=self.job.get("walltime_seconds"), subject="The code",
+            lost=lambda f: f.get("error") or f"The Job's supervisor on the compute node ended unexpectedly "
+                                              f"({f.get('status')}); the exit code is unknown.")
 
     def send_outputs(self, *, best_effort: bool = False) -> dict:
         """result.json checked here, declared, and the artifacts the server asks for uploaded."""
-        outputs_dir = os.path.join(self.job_dir, "outputs")
         max_files = results.DEFAULT_MAX_OUTPUT_FILES
         try:
-            listing = list_outputs(outputs_dir, max_files)
+            listing = list_outputs(os.path.join(self.job_dir, "outputs"), max_files)
         except (StartFailed, OSError) as exc:
-            return {"status": "failed", "exit_code": 0, "end_reason": "invalid_result", "error": str(exc)}
-        if listing["result"] is None:
-            return {"status": "finished", "exit_code": 0}
-        entries = [results.OutputFile(path=f["path"], size=int(f["size"]), sha256=f["sha256"], kind=f["kind"])
-                   for f in listing["files"]]
-        try:
-            parsed = results.parse_result_json(listing["result"])
-            # A site has no worker whose setting could raise the limit: the messages say what the code can do.
-            validated = results.validate_result(parsed, entries, manifest_text=listing["manifest"],
-                                                max_files=max_files, limit_setting=None)
-            result_text = listing["result"].decode("utf-8")
-            manifest = listing["manifest"].decode("utf-8") if listing["manifest"] is not None else None
-        except results.ResultError as exc:
-            note(f"result.json is not valid: {exc.message}")
-            return {"status": "failed", "exit_code": 0, "end_reason": "invalid_result", "error": exc.message}
-        try:
-            answer = self.api.call("POST", "outputs", what="outputs",
-                                   body={"result": result_text, "files": listing["files"], "manifest": manifest})
-        except Refused:
-            if best_effort:
-                return {}
-            raise
-        except ApiError as exc:
-            note(f"The server refused result.json: {exc}")
-            return {"status": "failed", "exit_code": 0, "end_reason": "invalid_result", "error": str(exc)}
-        sizes = {a["path"]: int(a["size"]) for a in validated.artifacts}
-        upload = [p for p in answer.get("upload") or [] if p in sizes]
-        note(f"result.json accepted ({len(validated.artifacts)} artifact(s), {len(validated.metrics)} metric "
-             f"point(s)); uploading {len(upload)} file(s), {sum(sizes[p] for p in upload)} bytes.")
-        for path in upload:
+            return lifecycle.invalid_result(str(exc))
+
+        def declare(result: str, files: list, manifest: str | None) -> dict | None:
             try:
-                self.upload(path, sizes[path])
-            except StartFailed as exc:
-                return {"status": "failed", "exit_code": 0, "end_reason": "invalid_result", "error": str(exc)}
-        return {"status": "finished", "exit_code": 0}
+                return self.api.call("POST", "outputs", what="outputs",
+                                     body={"result": result, "files": files, "manifest": manifest})
+            except Refused:
+                if best_effort:
+                    return None
+                raise
+
+        # A site has no worker whose setting could raise the limit: the messages say what the code can do.
+        return lifecycle.send_outputs(listing, max_files=max_files, limit_setting=None, declare=declare,
+                                      upload=lambda path, size, _number, _count: self.upload(path, size), note=note)
 
     def upload(self, path: str, size: int) -> None:
         full = os.path.join(self.job_dir, "outputs", *path.split("/"))
         url_path = "artifacts/" + urllib.parse.quote(path, safe="/")
-        offset, failures, refused = 0, 0, 0
-        started = time.monotonic()
-        while True:
-            parts = size >= PART_THRESHOLD
-            length = min(PART_SIZE, size - offset) if parts else size
+
+        def put(offset: int, length: int, content_range: str | None) -> dict:
             headers = {"Content-Type": "application/octet-stream", "Content-Length": str(length)}
-            if parts:
-                headers["Content-Range"] = f"bytes {offset}-{offset + length - 1}/{size}"
+            if content_range:
+                headers["Content-Range"] = content_range
             try:
-                body = _Body(full, offset if parts else 0, length)
+                body = _Body(full, offset, length)
             except OSError as exc:
-                raise StartFailed(f"The output {path} cannot be read: {exc.strerror or exc}.") from None
+                raise lifecycle.UploadFailed(f"The output {path} cannot be read: {exc.strerror or exc}.") from None
             try:
-                answer = self.api.once("PUT", url_path, data=body, headers=headers, timeout=CONNECT_TIMEOUT * 4)
-            except Unavailable as exc:
-                failures += 1
-                note(f"Upload of {path} interrupted ({exc}); trying again.")
-                time.sleep(min(RETRY_CAP, 0.5 * 2 ** min(failures, 8)))
-                continue
-            except Refused:
-                raise
-            except ApiError as exc:
-                if exc.code == "range_mismatch":
-                    received = (exc.body.get("fields") or {}).get("received_bytes") or ["0"]
-                    offset = int(received[0] if isinstance(received, list) else received)
-                    continue
-                refused += 1
-                if refused >= 3:
-                    raise StartFailed(f"The upload of {path} was refused: {exc}") from None
-                note(f"Upload of {path} refused ({exc}); sending it again from the start.")
-                offset = 0
-                continue
+                return self.api.once("PUT", url_path, data=body, headers=headers, timeout=CONNECT_TIMEOUT * 4)
             finally:
                 body.close()
-            failures = 0
-            offset = int(answer.get("received_bytes", offset + length))
-            if answer.get("complete") or offset >= size:
-                elapsed = max(time.monotonic() - started, 1e-6)
-                note(f"Uploaded {path} ({size} bytes, {size / 1e6 / elapsed:.1f} MB/s).")
-                return
+
+        lifecycle.upload(path, size, put, gone=lambda exc: isinstance(exc, Refused), note=note, pause=time.sleep,
+                         cap=RETRY_CAP)
 
     def finish(self, completion: dict) -> int:
         for _round in range(FINISH_ROUNDS + 1):
