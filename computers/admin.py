@@ -1,6 +1,7 @@
-"""The operator's console for computers, compute groups, connection checks and directory reads.
-Every row is changed in the product (services with their audit trail); here they are inspected, and
-computers are enabled or disabled through the same services as the Computers page."""
+"""The operator's console for computers, compute groups, workers' connection checks (sites.admin has
+the sites') and directory reads. Every row is changed in the product (services with their audit
+trail); here they are inspected, and computers are enabled or disabled through the same services as
+the Computers page."""
 from django.contrib import admin
 
 from computers import services
@@ -49,10 +50,10 @@ class ComputeGroupAdmin(ReadOnlyAdmin):
 @admin.register(ConnectionCheck)
 class ConnectionCheckAdmin(ReadOnlyAdmin):
     list_display = ["id", "target", "status", "failure_reason", "requested_by", "requested_worker", "claimed_by",
-                    "launcher", "created_at", "finished_at"]
+                    "created_at", "finished_at"]
     list_filter = ["status", "failure_reason", "target"]
     search_fields = ["target__name"]
-    list_select_related = ["target", "requested_by", "requested_worker", "claimed_by", "launcher"]
+    list_select_related = ["target", "requested_by", "requested_worker", "claimed_by"]
     date_hierarchy = "created_at"
 
 

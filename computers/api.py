@@ -8,8 +8,8 @@ from rest_framework import exceptions
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from computers import access, services
-from computers.models import ConnectionCheck, DirectoryRead
+from computers import access, kinds, services
+from computers.models import DirectoryRead
 from computers.serializers import (
     CheckRequestSerializer,
     ComputerInputSerializer,
@@ -99,9 +99,7 @@ class CheckDetailView(APIView):
     @extend_schema(responses=OpenApiTypes.OBJECT)
     def get(self, request, pk, check_id):
         target = access.managed_for(request.user, pk)
-        check = get_object_or_404(ConnectionCheck.objects.select_related("requested_worker", "claimed_by"),
-                                  pk=check_id, target=target)
-        return Response(check_body(check))
+        return Response(check_body(get_object_or_404(kinds.checks_of(target), pk=check_id)))
 
 
 class ReadListView(APIView):

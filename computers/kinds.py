@@ -18,6 +18,9 @@ class KindHandlers:
     add_view: Callable
     # details_context(request, target, **extra) -> dict: what the computer's details page shows.
     details_context: Callable
+    # checks(target) -> QuerySet: the kind's own connection checks of the computer, which
+    # GET /api/computers/{id}/checks/{check} reads by id. None: only workers' checks.
+    checks: Callable | None = None
 
 
 _registered: dict[str, KindHandlers] = {}
@@ -29,3 +32,11 @@ def register(kind: str, handlers: KindHandlers) -> None:
 
 def handlers_for(kind: str) -> KindHandlers | None:
     return _registered.get(kind)
+
+
+def checks_of(target):
+    """A computer's connection checks: its kind's own (a site's launcher checks), else the workers'."""
+    handlers = handlers_for(target.kind)
+    if handlers is not None and handlers.checks is not None:
+        return handlers.checks(target)
+    return target.checks.select_related("requested_worker", "claimed_by")

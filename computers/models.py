@@ -1,4 +1,5 @@
-"""Computers (compute targets), their connection checks and the directory reads of the Add dialog."""
+"""Computers (compute targets), their connection checks (a site's checks build on CheckBase in sites.models)
+and the directory reads of the Add dialog."""
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -92,40 +93,25 @@ class ComputeGroup(models.Model):
         return self.name
 
 
-class ConnectionCheck(models.Model):
-    target = models.ForeignKey(ComputeTarget, on_delete=models.CASCADE, related_name="checks")
+class CheckBase(models.Model):
+    """What both kinds of connection check share: a worker's check of an SSH or Local computer
+    (ConnectionCheck) and a site's launcher logging in (sites.SiteCheck). They differ in who answers
+    and when they expire, not in how they end: finish() and expire() are the one guarded ending."""
+
+    # How the refusal of a late answer names it: a worker sends a result, a launcher an answer.
+    ANSWER = "result"
+
     requested_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, related_name="+")
-    requested_worker = models.ForeignKey("workers.Worker", on_delete=models.SET_NULL, null=True, blank=True,
-                                         related_name="requested_checks")
     status = models.CharField(max_length=12, choices=CheckStatus.choices, default=CheckStatus.QUEUED)
-    lease_id = models.UUIDField(null=True, blank=True)
-    claimed_by = models.ForeignKey("workers.Worker", on_delete=models.SET_NULL, null=True, blank=True,
-                                   related_name="claimed_checks")
     failure_reason = models.CharField(max_length=32, blank=True)
     result = models.JSONField(null=True, blank=True)
-    # Site checks, answered by the site's launcher: which launcher, and whose account it logs in
-    # as (site_user empty: the shared account).
-    launcher = models.ForeignKey("sites.Launcher", on_delete=models.CASCADE, null=True, blank=True,
-                                 related_name="checks")
-    site_user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, null=True, blank=True,
-                                  related_name="+")
-    account_name = models.CharField(max_length=64, blank=True)
     created_at = models.DateTimeField(default=timezone.now)
     claimed_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
+        abstract = True
         ordering = ["-created_at", "-id"]
-        constraints = [
-            # One open check per computer: two admins pressing Check at once get a 409, not two checks.
-            models.UniqueConstraint(fields=["target"],
-                                    condition=Q(status__in=OPEN_CHECK_STATUSES, site_user__isnull=True),
-                                    name="one_open_check_per_target"),
-            # On a site under each person's own account, each person checks their own login.
-            models.UniqueConstraint(fields=["target", "site_user"],
-                                    condition=Q(status__in=OPEN_CHECK_STATUSES, site_user__isnull=False),
-                                    name="one_open_check_per_site_user"),
-        ]
 
     def __str__(self) -> str:
         return f"check {self.pk} of {self.target} ({self.status})"
@@ -133,12 +119,6 @@ class ConnectionCheck(models.Model):
     @property
     def is_open(self) -> bool:
         return self.status in OPEN_CHECK_STATUSES
-
-    @property
-    def is_site_check(self) -> bool:
-        """Two kinds share this row: a worker's check of an SSH or Local computer, and a site's
-        launcher logging in. They differ in who answers and when they expire, not in how they end."""
-        return self.launcher_id is not None
 
     def finish(self, status: str, result: Callable[[], dict]) -> bool:
         """End an open check with its worker's or launcher's answer; the caller holds the row's lock
@@ -148,8 +128,7 @@ class ConnectionCheck(models.Model):
         if status not in (CheckStatus.SUCCEEDED, CheckStatus.FAILED):
             raise ValueError(f"a check ends succeeded or failed, not {status}")
         if self.status == CheckStatus.EXPIRED:
-            answer = "answer" if self.is_site_check else "result"
-            raise Conflict(f"This check expired before its {answer} arrived; the user can start a new one.",
+            raise Conflict(f"This check expired before its {self.ANSWER} arrived; the user can start a new one.",
                            "check_expired")
         if not self.is_open:
             if self.status == status:
@@ -169,11 +148,29 @@ class ConnectionCheck(models.Model):
         if not self.is_open:
             return False
         reason = CheckFailure.NOT_CLAIMED if self.status == CheckStatus.QUEUED else CheckFailure.NO_RESULT
-        if not ConnectionCheck.objects.filter(pk=self.pk, status=self.status).update(
+        if not type(self).objects.filter(pk=self.pk, status=self.status).update(
                 status=CheckStatus.EXPIRED, failure_reason=reason, finished_at=now):
             return False
         self.status, self.failure_reason, self.finished_at = CheckStatus.EXPIRED, reason, now
         return True
+
+
+class ConnectionCheck(CheckBase):
+    """A worker's check of an SSH or Local computer, held under a lease by the worker that claimed it."""
+
+    target = models.ForeignKey(ComputeTarget, on_delete=models.CASCADE, related_name="checks")
+    requested_worker = models.ForeignKey("workers.Worker", on_delete=models.SET_NULL, null=True, blank=True,
+                                         related_name="requested_checks")
+    lease_id = models.UUIDField(null=True, blank=True)
+    claimed_by = models.ForeignKey("workers.Worker", on_delete=models.SET_NULL, null=True, blank=True,
+                                   related_name="claimed_checks")
+
+    class Meta(CheckBase.Meta):
+        constraints = [
+            # One open check per computer: two admins pressing Check at once get a 409, not two checks.
+            models.UniqueConstraint(fields=["target"], condition=Q(status__in=OPEN_CHECK_STATUSES),
+                                    name="one_open_check_per_target"),
+        ]
 
 
 class DirectoryRead(models.Model):

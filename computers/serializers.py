@@ -5,7 +5,7 @@ from rest_framework import serializers
 
 from computers import access
 from computers.choices import CHECK_ITEM_LABELS, CheckFailure, CheckStatus, ReadError
-from computers.models import CONNECTION_FIELDS, ComputeTarget, ConnectionCheck, DirectoryRead
+from computers.models import CONNECTION_FIELDS, CheckBase, ComputeTarget, DirectoryRead
 
 PUBLIC_FIELDS = ["id", "name", "kind", "visibility", "enabled"]
 # ssh_user: who Jobs run as (issue 14, finding 6) — on a Public SSH computer every project's Jobs run as
@@ -33,7 +33,9 @@ def computer_body(user, target: ComputeTarget, *, usable: bool | None = None) ->
     return body
 
 
-def check_body(check: ConnectionCheck) -> dict:
+def check_body(check: CheckBase) -> dict:
+    # A site's check (kinds.checks_of) has no worker: its worker fields are null.
+    requested, claimed = getattr(check, "requested_worker", None), getattr(check, "claimed_by", None)
     result = check.result or None
     if result:
         result = {**result, "items": [{**item, "label": str(CHECK_ITEM_LABELS.get(item["key"], item["key"]))}
@@ -45,10 +47,10 @@ def check_body(check: ConnectionCheck) -> dict:
         "status_text": str(CheckStatus(check.status).label),
         "failure_reason": check.failure_reason or None,
         "failure_text": str(CheckFailure(check.failure_reason).label) if check.failure_reason else None,
-        "requested_worker": check.requested_worker.worker_id if check.requested_worker else None,
-        "claimed_by": check.claimed_by.worker_id if check.claimed_by else None,
-        "requested_worker_id": check.requested_worker_id,
-        "claimed_by_id": check.claimed_by_id,
+        "requested_worker": requested.worker_id if requested else None,
+        "claimed_by": claimed.worker_id if claimed else None,
+        "requested_worker_id": requested.pk if requested else None,
+        "claimed_by_id": claimed.pk if claimed else None,
         "created_at": check.created_at,
         "claimed_at": check.claimed_at,
         "finished_at": check.finished_at,

@@ -324,11 +324,10 @@ def expire_stale(*, force: bool = False) -> None:
         return
     _last_expiry = time.monotonic()
     now = timezone.now()
-    # Workers' checks only: a site's launcher checks have their own, shorter deadline (sites.checks).
+    # Workers' checks: a site's launcher checks (sites.SiteCheck) have their own, shorter deadline.
     expired = list(ConnectionCheck.objects.filter(
         Q(status=CheckStatus.QUEUED, created_at__lt=now - CHECK_CLAIM_TIMEOUT)
-        | Q(status=CheckStatus.CLAIMED, claimed_at__lt=now - CHECK_RESULT_TIMEOUT),
-        launcher__isnull=True).select_related("target"))
+        | Q(status=CheckStatus.CLAIMED, claimed_at__lt=now - CHECK_RESULT_TIMEOUT)).select_related("target"))
     for check in expired:
         if check.expire(now):
             audit(SYSTEM, "computer.check.finish", check.target,

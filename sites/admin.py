@@ -1,12 +1,12 @@
 """The operator's console for sites: site settings, job shells, people's own site settings, launchers
-with their keys, and submissions. All are changed in the product (sites.services, sites.launchers,
+with their keys and connection checks, and submissions. All are changed in the product (sites.services, sites.launchers,
 the launcher and runner APIs, each with its audit trail); here they are inspected, and launchers are
 revoked through the same service as the Launchers page."""
 from django.contrib import admin
 
 from mado.admin import ReadOnlyAdmin, ServiceActionMixin
 from sites import launchers
-from sites.models import JobShell, Launcher, LauncherKey, SiteSettings, SiteUserSettings, Submission
+from sites.models import JobShell, Launcher, LauncherKey, SiteCheck, SiteSettings, SiteUserSettings, Submission
 
 
 @admin.register(SiteSettings)
@@ -80,6 +80,16 @@ class LauncherKeyAdmin(ReadOnlyAdmin):
     list_filter = ["launcher", "target"]
     search_fields = ["fingerprint", "user__username", "target__name"]
     list_select_related = ["launcher", "target", "user"]
+
+
+@admin.register(SiteCheck)
+class SiteCheckAdmin(ReadOnlyAdmin):
+    list_display = ["id", "target", "status", "failure_reason", "requested_by", "launcher", "site_user",
+                    "account_name", "created_at", "finished_at"]
+    list_filter = ["status", "failure_reason", "target"]
+    search_fields = ["target__name", "account_name"]
+    list_select_related = ["target", "requested_by", "launcher", "site_user"]
+    date_hierarchy = "created_at"
 
 
 @admin.register(Submission)

@@ -12,7 +12,8 @@ class SitesConfig(AppConfig):
         from sites import checks, executor, services, submissions, views
 
         kinds.register(Kind.SITE, kinds.KindHandlers(update=services.update_site, add_view=views.add_site,
-                                                     details_context=views.site_details_context))
+                                                     details_context=views.site_details_context,
+                                                     checks=checks.checks_of))
         # A stop reaches the site as a scheduler cancellation, or in the runner's next heartbeat.
         executors.register(Kind.SITE, executors.Executor(
             validate=executor.validate, created=executor.created, stop=submissions.stop,

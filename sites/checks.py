@@ -1,10 +1,10 @@
 """Connection checks of sites (seed 003 "Keys and connection checks"): the site's launcher logs in as
 the shared account, or as one person's own account, with a fresh connection and runs `true`.
 
-A check is a ConnectionCheck row with its launcher set. The launcher sees open checks in its config
-(they become `claimed` when first handed out) and answers through POST /api/launcher/checks/{id}/complete.
-One nobody answered ends `expired`, as SSH checks do, after the launcher's 60 s plus the slack of
-its poll."""
+A check is a SiteCheck row; it ends as a worker's check does (computers.models.CheckBase). The
+launcher sees open checks in its config (they become `claimed` when first handed out) and answers
+through POST /api/launcher/checks/{id}/complete. One nobody answered ends `expired`, as SSH checks
+do, after the launcher's 60 s plus the slack of its poll."""
 from __future__ import annotations
 
 import time
@@ -16,7 +16,6 @@ from django.utils.translation import gettext as _
 
 from computers import access
 from computers.choices import OPEN_CHECK_STATUSES, CheckStatus, ItemStatus
-from computers.models import ConnectionCheck
 from mado import access as identity
 from mado.errors import Conflict, Forbidden, ServiceError
 from mado.models import AuditEvent
@@ -25,7 +24,7 @@ from mado.validation import as_int
 from sites import allowed_hosts, services, shells
 from sites.choices import AccountKind, SubmissionMethod
 from sites.launchers import POLL_INTERVAL_SECONDS
-from sites.models import Launcher, SiteUserSettings
+from sites.models import Launcher, SiteCheck, SiteUserSettings
 from sites.submissions import SITES_CHANNEL
 from workers.longpoll import notify
 
@@ -34,7 +33,7 @@ CHECK_TIMEOUT = timedelta(seconds=CHECK_SECONDS + 2 * POLL_INTERVAL_SECONDS)
 _last_expiry = 0.0
 
 
-def request_site_check(actor: Actor, target, *, mine: bool) -> ConnectionCheck:
+def request_site_check(actor: Actor, target, *, mine: bool) -> SiteCheck:
     """Shared account: the owner or a global administrator. Own account (`mine`): anyone who can use
     the site and has saved My settings."""
     user = actor.user
@@ -63,8 +62,8 @@ def request_site_check(actor: Actor, target, *, mine: bool) -> ConnectionCheck:
     expire_checks(force=True)
     try:
         with transaction.atomic():
-            check = ConnectionCheck.objects.create(target=target, requested_by=user, launcher=launcher,
-                                                   site_user=site_user, account_name=account_name)
+            check = SiteCheck.objects.create(target=target, requested_by=user, launcher=launcher,
+                                             site_user=site_user, account_name=account_name)
             audit(actor, "site.check.request", target,
                   after={"check": check.pk, "launcher": launcher.name, "account_name": account_name,
                          "user": site_user.pk if site_user else None})
@@ -92,17 +91,17 @@ def _own_account(user, target, site):
 
 def open_for(launcher: Launcher) -> list[dict]:
     """The checks the launcher should run now; handing one out marks it claimed."""
-    checks = list(ConnectionCheck.objects.filter(launcher=launcher, status__in=OPEN_CHECK_STATUSES)
+    checks = list(SiteCheck.objects.filter(launcher=launcher, status__in=OPEN_CHECK_STATUSES)
                   .order_by("created_at", "id"))
     fresh = [c.pk for c in checks if c.status == CheckStatus.QUEUED]
     if fresh:
-        ConnectionCheck.objects.filter(pk__in=fresh, status=CheckStatus.QUEUED).update(
+        SiteCheck.objects.filter(pk__in=fresh, status=CheckStatus.QUEUED).update(
             status=CheckStatus.CLAIMED, claimed_at=timezone.now())
     return [{"id": c.pk, "computer": c.target_id, "user": c.site_user_id, "account_name": c.account_name}
             for c in checks]
 
 
-def complete(launcher: Launcher, check_id: int, data: dict) -> ConnectionCheck:
+def complete(launcher: Launcher, check_id: int, data: dict) -> SiteCheck:
     """The launcher's answer: {ok, error?, duration_ms?}. The same answer resent is accepted again."""
     ok = data.get("ok")
     if not isinstance(ok, bool):
@@ -117,7 +116,7 @@ def complete(launcher: Launcher, check_id: int, data: dict) -> ConnectionCheck:
     expire_checks(force=True)
     status = CheckStatus.SUCCEEDED if ok else CheckStatus.FAILED
     with transaction.atomic():
-        check = (ConnectionCheck.objects.select_for_update(of=("self",)).select_related("target")
+        check = (SiteCheck.objects.select_for_update(of=("self",)).select_related("target")
                  .filter(pk=check_id, launcher=launcher).first())
         if check is None:
             raise ServiceError("No check with this id was asked of this launcher.", "not_found", status=404)
@@ -131,7 +130,7 @@ def complete(launcher: Launcher, check_id: int, data: dict) -> ConnectionCheck:
     return check
 
 
-def _result(check: ConnectionCheck, ok: bool, detail: str, duration) -> dict:
+def _result(check: SiteCheck, ok: bool, detail: str, duration) -> dict:
     # The check keeps only what its readers can fix; the launcher's own message (closed port, not
     # SSH, a host key's fingerprint …) goes to the audit log, where global administrators read it.
     shown = "" if ok else _for_users(check, detail)
@@ -147,15 +146,15 @@ def expire_checks(*, force: bool = False) -> None:
         return
     _last_expiry = time.monotonic()
     now = timezone.now()
-    stale = list(ConnectionCheck.objects.filter(launcher__isnull=False, status__in=OPEN_CHECK_STATUSES,
-                                                created_at__lt=now - CHECK_TIMEOUT).select_related("target"))
+    stale = list(SiteCheck.objects.filter(status__in=OPEN_CHECK_STATUSES, created_at__lt=now - CHECK_TIMEOUT)
+                 .select_related("target"))
     for check in stale:
         if check.expire(now):
             audit(SYSTEM, "site.check.finish", check.target,
                   after={"check": check.pk, "status": "expired", "failure_reason": check.failure_reason})
 
 
-def _for_users(check: ConnectionCheck, detail: str) -> str:
+def _for_users(check: SiteCheck, detail: str) -> str:
     site = services.site_settings_of(check.target)
     return allowed_hosts.check_failure_for_users(detail, site.host, site.port, check.account_name)
 
@@ -165,7 +164,7 @@ def sees_launcher_messages(user) -> bool:
     return allowed_hosts.sees_launcher_messages(user)
 
 
-def launcher_message(check: ConnectionCheck) -> str:
+def launcher_message(check: SiteCheck) -> str:
     """The launcher's own message of a failed check, from the audit log ("" if none)."""
     rows = (AuditEvent.objects.filter(action="site.check.finish", object_type=check.target._meta.model_name,
                                       object_id=str(check.target_id), after__check=check.pk)
@@ -176,7 +175,7 @@ def launcher_message(check: ConnectionCheck) -> str:
     return ""
 
 
-def failure_detail(user, check: ConnectionCheck, detail: str) -> str:
+def failure_detail(user, check: SiteCheck, detail: str) -> str:
     """A failed item's detail as `user` may read it. Checks stored before this rule keep the launcher's
     message in their result: it is reduced here for everyone but global administrators."""
     if sees_launcher_messages(user):
@@ -186,7 +185,7 @@ def failure_detail(user, check: ConnectionCheck, detail: str) -> str:
     return _for_users(check, detail)
 
 
-def check_body(check: ConnectionCheck, user=None) -> dict:
+def check_body(check: SiteCheck, user=None) -> dict:
     result = check.result
     if isinstance(result, dict) and isinstance(result.get("items"), list):
         result = {**result, "items": [
@@ -199,9 +198,14 @@ def check_body(check: ConnectionCheck, user=None) -> dict:
             "created_at": check.created_at, "finished_at": check.finished_at}
 
 
+def checks_of(target):
+    """The site's checks as the computers API reads them (computers.kinds.checks_of)."""
+    return SiteCheck.objects.filter(target=target)
+
+
 def latest_checks(user, target) -> dict:
     """The last check of the shared account (for its managers) and of the caller's own account."""
-    checks = ConnectionCheck.objects.filter(target=target, launcher__isnull=False).select_related("target")
+    checks = SiteCheck.objects.filter(target=target).select_related("target")
     shared = checks.filter(site_user__isnull=True).first() if access.can_manage(user, target) else None
     own = checks.filter(site_user=user).first() if user.is_authenticated else None
     return {"shared": check_body(shared, user) if shared else None, "mine": check_body(own, user) if own else None}

@@ -1,5 +1,6 @@
 """Sites (DESIGN §8): the settings of a site computer, its versioned job shells, each person's own
-settings, launchers with their public keys, and the submissions of Jobs to a site's scheduler."""
+settings, launchers with their public keys, the launchers' connection checks, and the submissions of
+Jobs to a site's scheduler."""
 from __future__ import annotations
 
 from django.conf import settings
@@ -9,6 +10,8 @@ from django.db.models import Q
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
+from computers.choices import OPEN_CHECK_STATUSES
+from computers.models import CheckBase
 from sites.choices import (
     DEFAULT_MAX_ACTIVE_SUBMISSIONS,
     DEFAULT_QUEUE_TIMEOUT,
@@ -185,6 +188,31 @@ class LauncherKey(models.Model):
 
     def __str__(self) -> str:
         return f"{self.fingerprint} ({self.target_id}, {self.user or 'shared'})"
+
+
+class SiteCheck(CheckBase):
+    """A site's launcher logging in with a fresh connection and running `true` (sites.checks): as the
+    shared account (site_user empty), or as one person's own account."""
+
+    ANSWER = "answer"
+
+    target = models.ForeignKey("computers.ComputeTarget", on_delete=models.CASCADE, related_name="site_checks")
+    launcher = models.ForeignKey(Launcher, on_delete=models.CASCADE, related_name="checks")
+    site_user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, null=True, blank=True,
+                                  related_name="+")
+    account_name = models.CharField(max_length=64, blank=True)
+
+    class Meta(CheckBase.Meta):
+        constraints = [
+            # One open check of the shared account: two owners pressing Check at once get a 409.
+            models.UniqueConstraint(fields=["target"],
+                                    condition=Q(status__in=OPEN_CHECK_STATUSES, site_user__isnull=True),
+                                    name="one_open_site_check_per_target"),
+            # On a site under each person's own account, each person checks their own login.
+            models.UniqueConstraint(fields=["target", "site_user"],
+                                    condition=Q(status__in=OPEN_CHECK_STATUSES, site_user__isnull=False),
+                                    name="one_open_site_check_per_user"),
+        ]
 
 
 class CancelState(models.TextChoices):

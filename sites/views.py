@@ -22,7 +22,6 @@ from django_htmx.http import HttpResponseStopPolling, push_url, reswap, retarget
 
 from computers import access as computer_access
 from computers.choices import CheckFailure, CheckStatus, Kind
-from computers.models import ConnectionCheck
 from mado import access
 from mado.dialogs import dialog, dialog_done
 from mado.errors import ServiceError
@@ -47,7 +46,7 @@ from sites.forms import (
     site_initial,
     variables_text,
 )
-from sites.models import JobShell, Launcher, LauncherKey
+from sites.models import JobShell, Launcher, LauncherKey, SiteCheck
 
 
 PAGE = "sites/dialog_page.html"
@@ -394,8 +393,7 @@ def site_checks_context(request, target, site, *, manageable: bool, mine) -> dic
 
 
 def _latest_check(target, user):
-    return (ConnectionCheck.objects.filter(target=target, site_user=user, launcher__isnull=False)
-            .order_by("-created_at", "-id").first())
+    return SiteCheck.objects.filter(target=target, site_user=user).first()
 
 
 CHECK_TEXT = {
@@ -472,7 +470,7 @@ def site_check_status(request, pk, check_id):
     if target.kind != Kind.SITE:
         raise Http404("This computer is not a site.")
     site = services.site_settings_of(target)
-    check = get_object_or_404(ConnectionCheck, pk=check_id, target=target)
+    check = get_object_or_404(SiteCheck, pk=check_id, target=target)
     mine = check.site_user_id is not None
     if (mine and check.site_user_id != request.user.pk) or (not mine and not computer_access.can_manage(
             request.user, target)):

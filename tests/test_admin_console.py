@@ -16,7 +16,7 @@ from computers.models import ComputeGroup, ComputeTarget, ConnectionCheck, Direc
 from jobs.models import GpuReservation, Job
 from mado.models import AuditEvent
 from mado.services import Actor
-from sites.models import JobShell, Launcher, LauncherKey, SiteSettings, SiteUserSettings, Submission
+from sites.models import JobShell, Launcher, LauncherKey, SiteCheck, SiteSettings, SiteUserSettings, Submission
 from tests.computer_fixtures import make_computer
 from tests.job_fixtures import JobWorker
 from workers.models import Worker
@@ -75,6 +75,8 @@ def test_every_changelist_answers_and_lists_its_row(root, world, gpu_box, job_wo
                                 runner_api_url="https://tracking.example.org")
     shell = JobShell.objects.create(target=site, version=1, content="#!/bin/sh\n", sha256="ab12cd34ef56" * 5)
     own = SiteUserSettings.objects.create(target=site, user=world.member, account_name="bob-hpc")
+    site_check = SiteCheck.objects.create(target=site, launcher=launcher, site_user=world.member,
+                                          account_name="bob-check", requested_by=world.member)
     key = LauncherKey.objects.create(launcher=launcher, target=site, public_key="ssh-ed25519 AAAA",
                                fingerprint="SHA256:shared-key-fp")
     site_job = Job.objects.create(project=world.project, created_by=world.member, target=site, name="site-run",
@@ -88,6 +90,7 @@ def test_every_changelist_answers_and_lists_its_row(root, world, gpu_box, job_wo
         (Worker, "lab-worker-1"), (Worker, "gpu-host-1-worker"), (Worker, "worker-host"), (Worker, "0.1.0"),
         (Job, "resnet-sweep"), (GpuReservation, change_url(GpuReservation.objects.get(job=job))),
         (SiteSettings, "login.hpc.example.org"), (JobShell, "ab12cd34ef56"), (SiteUserSettings, "bob-hpc"),
+        (SiteCheck, "bob-check"),
         (Launcher, "hpc-launcher"), (LauncherKey, "SHA256:shared-key-fp"), (Submission, "slurm-98765"),
     ]
     for model, text in expected:
@@ -97,7 +100,7 @@ def test_every_changelist_answers_and_lists_its_row(root, world, gpu_box, job_wo
     assert "gpu-host-1" in page(root, change_url(job))
     assert "SHA256:shared-key-fp" in page(root, change_url(launcher))
     for obj in (gpu_box, site, group, check, read, worker, GpuReservation.objects.get(job=job), settings, shell,
-                own, key, submission):
+                own, site_check, key, submission):
         page(root, change_url(obj))
 
 

@@ -378,7 +378,7 @@ def test_the_owner_checks_the_shared_account_and_sees_the_launchers_answer(clien
     details = html(client.get(reverse("computer-detail", args=[target.pk]), **HTMX))
     assert 'id="site-check"' in details and "Not checked yet." in details
     page = html(client.post(reverse("site-check-request", args=[target.pk]), {"mine": "0"}, **HTMX))
-    check = target.checks.get()
+    check = target.site_checks.get()
     assert (check.launcher, check.site_user, check.account_name) == (launcher, None, "mmtshared")
     assert "Waiting for the launcher to pick up the check" in page and 'hx-trigger="every 1s"' in page
     status_url = reverse("site-check-status", args=[target.pk, check.pk])
@@ -394,7 +394,7 @@ def test_the_owner_checks_the_shared_account_and_sees_the_launchers_answer(clien
     assert 'id="site-check"' not in html(viewer.get(reverse("computer-detail", args=[target.pk]), **HTMX))
     refused = html(viewer.post(reverse("site-check-request", args=[target.pk]), {"mine": "0"}, **HTMX))
     assert "Only the computer's owner and global administrators check the shared account" in refused
-    assert target.checks.count() == 1
+    assert target.site_checks.count() == 1
 
 
 def test_a_user_checks_their_own_account_after_my_settings(client, world, public_personal, launcher):
@@ -406,7 +406,7 @@ def test_a_user_checks_their_own_account_after_my_settings(client, world, public
     client.post(reverse("site-my-settings", args=[public_personal.pk]), {"account_name": "carol01"}, **HTMX)
     assert 'name="mine" value="1"' in html(client.get(url, **HTMX))
     client.post(reverse("site-check-request", args=[public_personal.pk]), {"mine": "1"}, **HTMX)
-    check = public_personal.checks.get()
+    check = public_personal.site_checks.get()
     assert (check.site_user, check.account_name) == (world.viewer, "carol01")
     checks.complete(launcher, check.pk, {"ok": True})
     done = client.get(reverse("site-check-status", args=[public_personal.pk, check.pk]), **HTMX)

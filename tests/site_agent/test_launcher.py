@@ -16,8 +16,7 @@ from jobs import services as job_services
 from jobs.models import Job
 from mado.services import Actor
 from sites import checks, submissions
-from computers.models import ConnectionCheck
-from sites.models import LauncherKey, Submission
+from sites.models import LauncherKey, SiteCheck, Submission
 from tests.peers.sshd import free_port
 from tests.site_agent.conftest import authorize
 from tests.site_agent.site_world import FAILING, launcher_for, make_site, queue, registered, server  # noqa: F401
@@ -140,7 +139,7 @@ def test_a_connection_check_logs_in_fresh_and_reports_ok_or_the_reason(server, r
     agent.round(wait=0)
     check.refresh_from_db()
     assert check.status == "failed" and "refused the launcher's key" in check.result["items"][0]["detail"]
-    assert ConnectionCheck.objects.filter(status="claimed").count() == 0
+    assert SiteCheck.objects.filter(status="claimed").count() == 0
 
 
 def test_stopping_a_submitted_job_runs_the_cancel_script_over_ssh(server, registered, world, sshd, remote_dir,

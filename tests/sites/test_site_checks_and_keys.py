@@ -11,12 +11,11 @@ from pathlib import Path
 import pytest
 from django.utils import timezone
 
-from computers.models import ConnectionCheck
 from mado.errors import ServiceError
 from mado.models import AuditEvent
 from mado.services import Actor, issue_personal_token
 from sites import checks, keys, launchers, services
-from sites.models import LauncherKey
+from sites.models import LauncherKey, SiteCheck
 from tests.conftest import assert_error, bearer
 from tests.sites.site_jobs import launcher, lclient, no_expiry_throttle, registered, site_of  # noqa: F401
 
@@ -106,13 +105,13 @@ def test_the_shared_account_check_goes_to_the_launcher_and_its_answer_comes_back
     assert twice.value.code == "target_check_in_progress"
     config = lclient.get("/api/launcher/config?wait=5").json()
     assert config["checks"] == [{"id": check.pk, "computer": site.pk, "user": None, "account_name": "mmtshared"}]
-    assert ConnectionCheck.objects.get(pk=check.pk).status == "claimed"
+    assert SiteCheck.objects.get(pk=check.pk).status == "claimed"
     url = f"/api/launcher/checks/{check.pk}/complete"
     answer = {"ok": False, "error": "Permission denied (publickey).", "duration_ms": 840}
     assert lclient.post(url, answer, format="json").json() == {"id": check.pk, "status": "failed"}
     assert lclient.post(url, answer, format="json").status_code == 200, "resent"
     assert_error(lclient.post(url, {"ok": True}, format="json"), 409, "check_already_completed")
-    stored = ConnectionCheck.objects.get(pk=check.pk)
+    stored = SiteCheck.objects.get(pk=check.pk)
     # The owner reads what to fix; the launcher's own words go to the audit and global administrators.
     assert stored.result["items"][0]["detail"].startswith("Could not log in to login.hpc.example.org:22 as mmtshared")
     assert stored.failure_reason
@@ -144,12 +143,12 @@ def test_own_account_checks_need_my_settings_and_are_one_per_person(world, perso
 
 def test_an_unanswered_check_expires(world, site, lclient):
     check = checks.request_site_check(Actor(world.project_admin), site, mine=False)
-    ConnectionCheck.objects.filter(pk=check.pk).update(created_at=timezone.now() - timedelta(seconds=79))
+    SiteCheck.objects.filter(pk=check.pk).update(created_at=timezone.now() - timedelta(seconds=79))
     checks.expire_checks(force=True)
-    assert ConnectionCheck.objects.get(pk=check.pk).status == "queued"
-    ConnectionCheck.objects.filter(pk=check.pk).update(created_at=timezone.now() - timedelta(seconds=81))
+    assert SiteCheck.objects.get(pk=check.pk).status == "queued"
+    SiteCheck.objects.filter(pk=check.pk).update(created_at=timezone.now() - timedelta(seconds=81))
     checks.expire_checks(force=True)
-    stored = ConnectionCheck.objects.get(pk=check.pk)
+    stored = SiteCheck.objects.get(pk=check.pk)
     assert (stored.status, stored.failure_reason) == ("expired", "not_claimed")
     assert_error(lclient.post(f"/api/launcher/checks/{check.pk}/complete", {"ok": True}, format="json"), 409,
                  "check_expired")
