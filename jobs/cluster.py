@@ -9,8 +9,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from django.db import IntegrityError, transaction
-from django.db.models import Count
+from django.db import IntegrityError, connection, transaction
+from django.db.models import BooleanField, Count, F, OuterRef, Q, Subquery
+from django.db.models.expressions import RawSQL
+from django.db.models.functions import Coalesce
 from django.utils.translation import gettext as _
 from django.utils.translation import ngettext
 
@@ -119,8 +121,18 @@ def placeholder_target(user, data: dict, runtime: str, errors: dict) -> ComputeT
 # Claim ------------------------------------------------------------------------------------------
 
 def slots_used(target_id: int) -> int:
-    """Concurrent-job slots in use: one per held ordinary job, one per held replica of a cluster job."""
-    return slots_used_on([target_id]).get(target_id, 0)
+    """Concurrent-job slots in use: one per held ordinary job, one per held replica of a cluster job
+    (one query: a claim reads it on every computer it looks at)."""
+    return ComputeTarget.objects.filter(pk=target_id).values_list(_used(), flat=True).first() or 0
+
+
+def _used():
+    """slots_used of the computer row the expression is evaluated on."""
+    ordinary = (Job.objects.filter(target_id=OuterRef("pk"), status__in=HELD_STATUSES, cluster_size__lte=1)
+                .order_by().values("target_id").annotate(n=Count("id")).values("n"))
+    replicas = (JobReplica.objects.filter(target_id=OuterRef("pk"), job__status__in=HELD_STATUSES)
+                .order_by().values("target_id").annotate(n=Count("id")).values("n"))
+    return Coalesce(Subquery(ordinary), 0) + Coalesce(Subquery(replicas), 0)
 
 
 def slots_used_on(target_ids) -> dict[int, int]:
@@ -133,6 +145,27 @@ def slots_used_on(target_ids) -> dict[int, int]:
     for target_id, n in [*ordinary, *replicas]:
         used[target_id] = used.get(target_id, 0) + n
     return used
+
+
+# A GPU of the job's own list reserved on its computer (gpu_ids is a JSON list of strings).
+_GPU_TAKEN = {
+    "postgresql": "EXISTS (SELECT 1 FROM jobs_gpureservation r WHERE r.target_id = jobs_job.target_id "
+                  "AND jobs_job.gpu_ids ? r.gpu_id)",
+    "sqlite": "EXISTS (SELECT 1 FROM jobs_gpureservation r, json_each(jobs_job.gpu_ids) g "
+              "WHERE r.target_id = jobs_job.target_id AND g.value = r.gpu_id)",
+}
+
+
+def fits_now() -> Q:
+    """Jobs of one replica whose computer has a free slot and whose GPUs are all free, as the claim's
+    query sees them: it passes over the jobs that wait without a query per job. Only a hint, read before
+    the computer is locked: the claim checks again on the locked computer (Room). The full computers are
+    found once per query among the few that hold jobs, not once per queued job."""
+    holding = (Q(pk__in=Job.objects.filter(status__in=HELD_STATUSES).values("target_id"))
+               | Q(pk__in=JobReplica.objects.filter(job__status__in=HELD_STATUSES).values("target_id")))
+    full = ComputeTarget.objects.filter(holding).alias(used=_used()).filter(used__gte=F("concurrency"))
+    taken = RawSQL(_GPU_TAKEN[connection.vendor], (), output_field=BooleanField())
+    return Q(cluster_size__lte=1) & ~Q(target__in=full.values("pk")) & ~Q(taken)
 
 
 @dataclass

@@ -13,8 +13,9 @@ import shlex
 import time
 import uuid
 
-from django.db import IntegrityError, transaction
-from django.db.models import F, Q
+from django.db import transaction
+from django.db.models import Count, F, OuterRef, Q, Subquery
+from django.db.models.functions import Coalesce
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 from django.utils.translation import gettext as _
@@ -258,14 +259,16 @@ def claim_job(worker: Worker, active_job_ids: list[int]) -> tuple[Job, str | Non
     requeue_unstarted()
     with transaction.atomic():
         # Serialise duplicate requests of one worker: a replayed claim sees the first one's result.
-        current = Worker.objects.select_for_update().filter(pk=worker.pk).first()
-        if current is None or current.stopped_at is not None:
+        stopped = Worker.objects.select_for_update().filter(pk=worker.pk).values_list("stopped_at", flat=True)
+        if not stopped or stopped[0] is not None:
             return None  # it said goodbye while this long-poll waited: hand it nothing
         recovered = _recover_unacknowledged(worker, active_job_ids)
         if recovered is not None:
             return recovered
-        jobs = list(_claimable(worker).select_for_update(skip_locked=True, of=("self",))
-                    .select_related("compute_group", "created_by")[:CLAIM_BATCH])
+        # The project, creator and computer come along: the token, the audit row and the answer need them.
+        jobs = list(_claimable(worker).filter(Q(cluster_size__gt=1) | cluster.fits_now())
+                    .select_for_update(skip_locked=True, of=("self",))
+                    .select_related("compute_group", "created_by", "project", "target")[:CLAIM_BATCH])
         # SKIP LOCKED on the computers too (cluster.Rooms): a computer another claim is placing a job
         # on is passed over, not waited for, so claims on different computers run side by side and
         # never wait on each other in a cycle.
@@ -280,10 +283,9 @@ def claim_job(worker: Worker, active_job_ids: list[int]) -> tuple[Job, str | Non
             room = rooms.get(job.target_id)
             if room is None or not room.target.enabled or job.runtime not in room.target.runtimes:
                 continue
-            if room.slots < 1:
+            if room.slots < 1 or not set(job.gpu_ids) <= set(room.free_gpus):
                 continue
-            if not _reserve_gpus(job, room.target):
-                continue
+            _reserve_gpus(job, room.target)
             return _mark_claimed(worker, job)
     return None
 
@@ -317,18 +319,12 @@ def _claimable(worker: Worker):
     return queued.filter(on_its_computer | in_its_group).order_by("created_at", "id")
 
 
-def _reserve_gpus(job: Job, target: ComputeTarget) -> bool:
-    if not job.gpu_ids:
-        return True
-    if GpuReservation.objects.filter(target=target, gpu_id__in=job.gpu_ids).exists():
-        return False
-    try:
-        with transaction.atomic():
-            GpuReservation.objects.bulk_create(
-                [GpuReservation(target=target, gpu_id=gpu, job=job) for gpu in job.gpu_ids])
-    except IntegrityError:
-        return False
-    return True
+def _reserve_gpus(job: Job, target: ComputeTarget) -> None:
+    """On a computer locked by this claim whose free GPUs were read after the lock (cluster.Room): no
+    other claim can take them meanwhile. The unique constraint on (computer, GPU) stays the last word:
+    a violation would abort the whole claim, never hand a GPU out twice."""
+    if job.gpu_ids:
+        GpuReservation.objects.bulk_create([GpuReservation(target=target, gpu_id=gpu, job=job) for gpu in job.gpu_ids])
 
 
 def _mark_claimed(worker: Worker, job: Job) -> tuple[Job, str]:
@@ -337,15 +333,15 @@ def _mark_claimed(worker: Worker, job: Job) -> tuple[Job, str]:
     _record, plaintext = identity_services.issue_job_token(job_id=job.pk, lease_id=job.lease_id,
                                                            project=job.project, user=job.created_by)
     _event(job, "claimed", f"Claimed by worker {worker.worker_id}")
-    audit(Actor(worker.token.user), "job.claim", job, project=job.project,
+    audit(Actor(worker.account), "job.claim", job, project=job.project,
           after={"worker": worker.worker_id, "lease_id": str(job.lease_id)})
     _count_active(worker)
     return job, plaintext
 
 
 def _recover_unacknowledged(worker: Worker, active_job_ids: list[int]):
-    held = set(Job.objects.filter(worker=worker, status__in=HELD_STATUSES).values_list("pk", flat=True))
-    foreign = sorted(set(active_job_ids) - held)
+    held = dict(Job.objects.filter(worker=worker, status__in=HELD_STATUSES).values_list("pk", "status"))
+    foreign = sorted(set(active_job_ids) - held.keys())
     if foreign:
         ended = set(Job.objects.filter(pk__in=foreign, worker=worker, status__in=TERMINAL_STATUSES)
                     .values_list("pk", flat=True))
@@ -354,9 +350,11 @@ def _recover_unacknowledged(worker: Worker, active_job_ids: list[int]):
             raise Conflict(_("Jobs %(jobs)s are not held by this worker; stop reporting them.")
                            % {"jobs": ", ".join(map(str, unknown))}, "unknown_active_jobs")
         raise ActiveJobsEnded(sorted(ended))
-    lost = Job.objects.filter(worker=worker, status=JobStatus.CLAIMED).exclude(pk__in=active_job_ids).first()
-    if lost is None:
+    # The held jobs above answer this in the common case (none lost) without a query of its own.
+    if not any(status == JobStatus.CLAIMED and pk not in active_job_ids for pk, status in held.items()):
         return None
+    lost = (Job.objects.filter(worker=worker, status=JobStatus.CLAIMED).exclude(pk__in=active_job_ids)
+            .select_related("project", "created_by").first())
     # The answer to the first claim was lost, so the worker never saw the token: end it and give a
     # new one under the same lease. Nothing was started, so nothing uses the first one.
     identity_services.revoke_job_tokens(lost.pk)
@@ -382,8 +380,10 @@ def resume(worker: Worker, active_job_ids: list[int]) -> list[tuple[Job, str | N
 def _count_active(worker: Worker | None) -> None:
     if worker is None:
         return
-    count = Job.objects.filter(worker=worker, status__in=HELD_STATUSES).count()
-    Worker.objects.filter(pk=worker.pk).update(active_jobs=count)
+    # One statement, counted when it runs.
+    held = (Job.objects.filter(worker=OuterRef("pk"), status__in=HELD_STATUSES).order_by().values("worker")
+            .annotate(n=Count("pk")).values("n"))
+    Worker.objects.filter(pk=worker.pk).update(active_jobs=Coalesce(Subquery(held), 0))
 
 
 _last_requeue = 0.0
@@ -635,7 +635,7 @@ def complete(worker: Worker, job_id: int, *, lease_id, status: str, exit_code=No
         replica = clean_replica(job, replica, status, end_reason)
         reason = finish_completed(job, status, exit_code=exit_code, error=error, end_reason=end_reason,
                                   replica=replica)
-        audit(Actor(worker.token.user), "job.complete", job, project=job.project,
+        audit(Actor(worker.account), "job.complete", job, project=job.project,
               after={"status": status, "end_reason": reason, "exit_code": exit_code,
                      **({"replica": replica} if replica else {})})
         _count_active(worker)

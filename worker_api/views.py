@@ -161,7 +161,10 @@ class WorkerView(APIView):
         return json_object(self.request)
 
     def worker(self) -> Worker:
-        return services.touch(self.request.auth, self.body().get("worker_id"))
+        worker = services.touch(self.request.auth, self.body().get("worker_id"))
+        # Its service account is the token's user, loaded by the authentication with its service account.
+        worker.account = self.request.auth.token.user
+        return worker
 
     def wait_seconds(self) -> float:
         wait = self.body().get("wait", 0)

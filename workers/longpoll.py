@@ -14,6 +14,8 @@ from django.db import connection, transaction
 T = TypeVar("T")
 SQLITE_POLL_SECONDS = 0.2
 MAX_WAIT_SECONDS = 30
+# Wake at least this often so a missed notification costs a second, not the whole wait.
+MISSED_NOTIFY_SECONDS = 1.0
 
 
 def notify(channel: str) -> None:
@@ -57,8 +59,7 @@ def _wait_postgresql(claim, deadline: float, channel: str):
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return None
-            # Wake at least every second so a missed notification costs a second, not the whole wait.
-            for _ in listener.notifies(timeout=min(remaining, 1.0), stop_after=1):
+            for _ in listener.notifies(timeout=min(remaining, MISSED_NOTIFY_SECONDS), stop_after=1):
                 pass
             item = claim()
         return item
