@@ -2,9 +2,11 @@
 for tokens, the runs:write scope, checked by the API); a job token writes only to its own Job's Run."""
 from __future__ import annotations
 
+from django.db.models import Subquery
+
 from mado import access as identity
 from mado.choices import Role
-from mado.models import role_at_least
+from mado.models import Membership, role_at_least
 from tracking.errors import denied, not_found
 from tracking.models import Experiment, Run
 
@@ -45,10 +47,26 @@ def experiment_for(user, project, experiment_id) -> Experiment:
 
 
 def run_for(user, project, run_id: str) -> Run:
-    run = runs_visible_in(user, project).select_related("experiment", "created_by").filter(pk=run_id).first()
+    roles = getattr(user, "tracking_roles", None)
+    if roles is None or project.pk in roles or not _membership_decides(user):
+        run = runs_visible_in(user, project).select_related("experiment", "created_by").filter(pk=run_id).first()
+    else:  # the caller's role comes with the Run: one round trip fewer on every MLflow call about a Run
+        role = Membership.objects.filter(project=project, user=user).order_by().values("role")[:1]
+        run = Run.objects.filter(project=project, pk=run_id).select_related("experiment", "created_by").annotate(
+            caller_role=Subquery(role)).first()
+        if run is not None:
+            roles[project.pk] = run.caller_role
+            run = run if role_at_least(run.caller_role, Role.VIEWER) else None
     if run is None:
         raise not_found(f"Run with id={run_id} not found")
     return run
+
+
+def _membership_decides(user) -> bool:
+    """Whether identity.project_role reads the caller's role from a Membership row (and from nothing
+    else): not for job principals, global administrators and service accounts, whose roles it knows
+    without a query."""
+    return not (identity.is_job_principal(user) or user.is_superuser or identity.service_account_of(user) is not None)
 
 
 def job_id_of(principal) -> int | None:

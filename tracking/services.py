@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import operator
 import random
 from collections import Counter
 
@@ -17,7 +18,7 @@ from mado.services import Actor, audit
 from tracking import access
 from tracking.choices import DEFAULT_EXPERIMENT_NAME, TERMINAL_RUN_STATUSES, LifecycleStage, RunKind, RunStatus
 from tracking.errors import MlflowError, invalid
-from tracking.models import Experiment, LatestMetric, Metric, Param, Run, RunInput, Tag, now_ms, stored_value
+from tracking.models import Experiment, LatestMetric, Metric, Param, Run, RunInput, Tag, now_ms
 from tracking.validation import (
     INT64_MAX,
     INT64_MIN,
@@ -412,16 +413,13 @@ def _insert_points(run: Run, points) -> None:
     answer) is skipped, as MLflow's primary key does. NaN is stored as MLflow stores it (value 0, is_nan).
     The rows travel as five array literals rather than one model instance (and six parameters) per point:
     building those was most of a 1000-point batch's time."""
-    rows = {}
-    for key, value, timestamp, step in points:
-        value, is_nan = stored_value(value)
-        rows[(key, value, timestamp, step, is_nan)] = None  # a dict: duplicates in the batch once, in order
+    # A dict: duplicates in the batch once, in order. NaN (the only value unequal to itself) as 0, is_nan.
+    rows = dict.fromkeys((key, 0.0, timestamp, step, True) if value != value else (key, value, timestamp, step, False)
+                         for key, value, timestamp, step in points)
     if not rows:
         return
-    latest: dict[str, tuple] = {}
-    for row in rows:
-        if row[0] not in latest or _order_key(row) >= _order_key(latest[row[0]]):
-            latest[row[0]] = row
+    # Each key's latest row: a stable sort by _ORDER, so of equal rows the batch's last one wins.
+    latest = {row[0]: row for row in sorted(rows, key=_ORDER)}
     if connection.vendor != "postgresql":  # the demo's SQLite has no arrays: the same rows, two statements
         _insert_points_portably(run, rows, latest)
         return
@@ -442,18 +440,20 @@ def _insert_points_portably(run: Run, rows, latest: dict) -> None:
                            [a for k, v, t, s, n in latest.values() for a in (run.pk, k, v, t, s, n, run.pk, k)])
 
 
-def _order_key(row: tuple) -> tuple:
-    return row[3], row[2], row[1]  # step, timestamp, stored value (0 for NaN), as MLflow compares them
+_ORDER = operator.itemgetter(3, 2, 1)  # step, timestamp, stored value (0 for NaN), as MLflow compares points
 
 
 def _array_literals(rows) -> list[str]:
     """PostgreSQL array literals of the (key, value, timestamp, step, is_nan) columns. repr of a float is
     exact (and "inf"/"-inf" is PostgreSQL's too); a key is quoted, so any text survives."""
     keys, values, timestamps, steps, nans = zip(*rows)
-    quoted = ('"' + key.replace("\\", "\\\\").replace('"', '\\"') + '"' for key in keys)
-    return ["{" + ",".join(quoted) + "}", "{" + ",".join(map(repr, values)) + "}",
+    quoted = {key: '"' + key.replace("\\", "\\\\").replace('"', '\\"') + '"' for key in set(keys)}  # few keys
+    return ["{" + ",".join(map(quoted.__getitem__, keys)) + "}", "{" + ",".join(map(repr, values)) + "}",
             "{" + ",".join(map(str, timestamps)) + "}", "{" + ",".join(map(str, steps)) + "}",
-            "{" + ",".join("t" if nan else "f" for nan in nans) + "}"]
+            "{" + ",".join(map(_BOOLEAN.__getitem__, nans)) + "}"]
+
+
+_BOOLEAN = {True: "t", False: "f"}
 
 
 # The latest point replaces the stored one only if it is later (by step, then timestamp, then stored value);
