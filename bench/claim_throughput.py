@@ -18,8 +18,6 @@ from __future__ import annotations
 import argparse
 import os
 import secrets
-import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -31,7 +29,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-PG = "postgresql://postgres@127.0.0.1:5432"
+from harness import PG, ensure_gunicorn, free_port, own_database, start, stop, wait_ready  # noqa: E402
+
 DB = f"mado_bench_{uuid.uuid4().hex[:8]}"
 VAR = Path(tempfile.mkdtemp(prefix="mado-bench-claims-"))
 SERVER_ENV = {
@@ -98,12 +97,7 @@ def main() -> None:
     os.environ.update(SERVER_ENV)
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "mado.settings")
 
-    import psycopg
-
-    with psycopg.connect(f"{PG}/postgres", autocommit=True) as admin:
-        admin.execute(f'CREATE DATABASE "{DB}"')
-    server = None
-    try:
+    with own_database(DB):
         import django
 
         django.setup()
@@ -111,17 +105,12 @@ def main() -> None:
 
         call_command("migrate", verbosity=0)
         server, base = start_server()
-        over_http(base, args.jobs, args.clients, args.computers)
-        if not args.skip_in_process:
-            in_process(args.jobs, args.clients)
-    finally:
-        if server is not None:
+        try:
+            over_http(base, args.jobs, args.clients, args.computers)
+            if not args.skip_in_process:
+                in_process(args.jobs, args.clients)
+        finally:
             stop(server)
-        from django.db import connections
-
-        connections.close_all()
-        with psycopg.connect(f"{PG}/postgres", autocommit=True) as admin:
-            admin.execute(f'DROP DATABASE IF EXISTS "{DB}" WITH (FORCE)')
 
 
 # Over HTTP --------------------------------------------------------------------------------------------
@@ -206,59 +195,19 @@ def bare_table(jobs: int) -> None:
                      "FROM generate_series(1, %s) g", [TARGETS * GPUS, jobs])
 
 
-def ensure_gunicorn() -> None:
-    """docs/deployment.md installs gunicorn next to requirements.txt; it is not in it."""
-    if not (Path(sys.executable).parent / "gunicorn").exists():
-        print("installing gunicorn==23.0.0 into the venv ...", file=sys.stderr)
-        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--disable-pip-version-check",
-                        "gunicorn==23.0.0"], check=True)
-
-
 def start_server() -> tuple[subprocess.Popen, str]:
-    ensure_gunicorn()
+    gunicorn = ensure_gunicorn()
     (VAR / "bench_claim_settings.py").write_text(BARE_SETTINGS)
     (VAR / "bench_claim_urls.py").write_text(BARE_URLS)
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     base = f"http://127.0.0.1:{port}"
     env = dict(os.environ, DJANGO_SETTINGS_MODULE="bench_claim_settings", MADO_PUBLIC_URL=base,
                PYTHONPATH=os.pathsep.join(filter(None, [str(VAR), str(ROOT), os.environ.get("PYTHONPATH")])))
-    log = open(VAR / "server.log", "wb")
-    server = subprocess.Popen([sys.executable, "-m", "gunicorn", "mado.wsgi", "--bind", f"127.0.0.1:{port}",
-                               "--worker-class", "gthread", "--workers", "2", "--threads", "8",
-                               "--log-level", "warning"], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
-                              stdin=subprocess.DEVNULL, start_new_session=True)
-    wait_ready(server, f"{base}/api/health")
+    log = VAR / "server.log"
+    server = start([str(gunicorn), "mado.wsgi", "--bind", f"127.0.0.1:{port}", "--worker-class", "gthread",
+                    "--workers", "2", "--threads", "8", "--log-level", "warning"], env, log)
+    wait_ready(server, f"{base}/api/health", log)
     return server, base
-
-
-def wait_ready(server: subprocess.Popen, url: str, timeout: float = 120) -> None:
-    import requests
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if server.poll() is not None:
-            raise SystemExit(f"the server exited:\n{(VAR / 'server.log').read_text()[-3000:]}")
-        try:
-            if requests.get(url, timeout=2).status_code == 200:
-                return
-        except requests.RequestException:
-            pass
-        time.sleep(0.3)
-    raise SystemExit(f"the server did not answer {url}:\n{(VAR / 'server.log').read_text()[-3000:]}")
-
-
-def stop(server: subprocess.Popen) -> None:
-    """SIGTERM to gunicorn's process group, SIGKILL after 15 s."""
-    try:
-        os.killpg(server.pid, signal.SIGTERM)
-        server.wait(timeout=15)
-    except subprocess.TimeoutExpired:
-        os.killpg(server.pid, signal.SIGKILL)
-        server.wait()
-    except ProcessLookupError:
-        pass
 
 
 # In one process -------------------------------------------------------------------------------------

@@ -52,7 +52,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 BIN = Path(sys.executable).parent
-PG = "postgresql://postgres@127.0.0.1:5432"
+from harness import PG, ensure_gunicorn, free_port, start, stop, wait_ready, wait_until  # noqa: E402
+
 TAG = uuid.uuid4().hex[:8]
 DB = f"mado_bench_dispatch_{TAG}"
 VAR = Path(tempfile.mkdtemp(prefix="mado-bench-dispatch-"))
@@ -121,55 +122,6 @@ def main() -> None:
 
 def _terminated(signum, frame):
     raise KeyboardInterrupt  # SIGTERM cleans up as Ctrl-C does
-
-
-def ensure_gunicorn() -> None:
-    """docs/deployment.md installs gunicorn next to requirements.txt (it is not in it)."""
-    if (BIN / "gunicorn").exists():
-        return
-    print(f"installing gunicorn==23.0.0 into {BIN.parent} (docs/deployment.md) ...")
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--disable-pip-version-check",
-                    "gunicorn==23.0.0"], check=True)
-
-
-# Processes ------------------------------------------------------------------------------------------
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def start(command: list[str], env: dict, log: Path) -> subprocess.Popen:
-    """A process in its own session, so that stop() reaches its children (gunicorn's workers)."""
-    with open(log, "ab") as out:
-        return subprocess.Popen(command, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
-
-
-def stop(process: subprocess.Popen | None, timeout: float = 20) -> None:
-    """SIGTERM to the process group, SIGKILL after `timeout` s."""
-    if process is None or process.poll() is not None:
-        return
-    try:
-        os.killpg(process.pid, signal.SIGTERM)
-        process.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        process.wait()
-    except ProcessLookupError:
-        pass
-
-
-def wait_until(predicate, timeout: float, what: str, interval: float = 0.01):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise SystemExit(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(interval)
 
 
 class Bench:
@@ -246,9 +198,7 @@ class Bench:
         self.server = start([str(BIN / "gunicorn"), "mado.wsgi", "--bind", f"127.0.0.1:{port}",
                              "--worker-class", "gthread", "--workers", "2", "--threads", "8",
                              "--log-level", "warning"], env, VAR / "server.log")
-        wait_until(lambda: self.health() is not None or self.server.poll() is not None, 120, "the server")
-        if self.server.poll() is not None:
-            raise SystemExit("the server exited:\n" + (VAR / "server.log").read_text()[-3000:])
+        wait_ready(self.server, f"{self.url}/api/health", VAR / "server.log")
 
     def health(self) -> float | None:
         started = time.perf_counter()

@@ -22,7 +22,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-PG = "postgresql://postgres@127.0.0.1:5432"
+from harness import own_database  # noqa: E402  (bench/ is on sys.path: the script's folder)
 DB = f"mado_bench_{uuid.uuid4().hex[:8]}"
 os.environ["MADO_DATABASE_URL"] = f"postgres://postgres@127.0.0.1:5432/{DB}"
 os.environ["MADO_DEBUG"] = "false"          # as served: no query log, cached templates
@@ -39,18 +39,8 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=15, help="calls per figure")
     args = parser.parse_args()
 
-    import psycopg
-
-    with psycopg.connect(f"{PG}/postgres", autocommit=True) as admin:
-        admin.execute(f'CREATE DATABASE "{DB}"')
-    try:
+    with own_database(DB):
         run(args)
-    finally:
-        from django.db import connections
-
-        connections.close_all()
-        with psycopg.connect(f"{PG}/postgres", autocommit=True) as admin:
-            admin.execute(f'DROP DATABASE IF EXISTS "{DB}" WITH (FORCE)')
 
 
 def run(args) -> None:

@@ -32,7 +32,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -47,7 +46,7 @@ sys.path.insert(0, str(ROOT))
 VENVS = ROOT / "bench" / ".venvs"
 MLFLOW_VENV = VENVS / "mlflow"
 GUNICORN_DIR = VENVS / "gunicorn"
-PG = "postgresql://postgres@127.0.0.1:5432"
+from harness import PG, free_port, stop, wait_ready  # noqa: E402
 TAG = uuid.uuid4().hex[:8]
 DB = f"mado_bench_{TAG}"
 MLFLOW_DB = f"mlflow_bench_{TAG}"
@@ -177,12 +176,6 @@ def client_version() -> str:
 
 # The two servers --------------------------------------------------------------------------------------
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def prepare_ours() -> str:
     """Migrations, a user who is admin of project `bench`, and a personal token with read,runs:write
     (manage.py create_project and create_token, called in this process)."""
@@ -214,7 +207,7 @@ def start_ours(kind: str, gunicorn_path: Path | None, processes: list) -> str:
         command = [sys.executable, "manage.py", "runserver", f"127.0.0.1:{port}", "--noreload"]
     processes.append(_start(command, env, "ours"))
     url = f"http://127.0.0.1:{port}"
-    _wait_ready(processes[-1], f"{url}/api/health", "our server")
+    wait_ready(processes[-1], f"{url}/api/health", processes[-1].log_path, "our server")
     return f"{url}/mlflow"
 
 
@@ -229,7 +222,7 @@ def start_mlflow(mlflow_bin: Path, processes: list) -> str:
                "--artifacts-destination", str(artifacts)]
     processes.append(_start(command, env, "mlflow"))
     url = f"http://127.0.0.1:{port}"
-    _wait_ready(processes[-1], f"{url}/health", "MLflow's server", timeout=300)
+    wait_ready(processes[-1], f"{url}/health", processes[-1].log_path, "MLflow's server", timeout=300)
     return url
 
 
@@ -240,35 +233,6 @@ def _start(command: list[str], env: dict, name: str) -> subprocess.Popen:
     process.log_path = VAR / f"{name}.log"
     process.name = "our server" if name == "ours" else "MLflow's server"
     return process
-
-
-def _wait_ready(process: subprocess.Popen, url: str, what: str, timeout: float = 120) -> None:
-    import requests
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise SystemExit(f"{what} exited ({process.returncode}):\n{process.log_path.read_text()[-3000:]}")
-        try:
-            if requests.get(url, timeout=2).status_code == 200:
-                return
-        except requests.RequestException:
-            pass
-        time.sleep(0.3)
-    raise SystemExit(f"{what} did not answer {url} within {timeout} s:\n{process.log_path.read_text()[-3000:]}")
-
-
-def stop(process: subprocess.Popen) -> None:
-    """SIGTERM to the server's own process group (gunicorn/uvicorn workers included), SIGKILL after 15 s."""
-    if process.poll() is None:
-        try:
-            os.killpg(process.pid, signal.SIGTERM)
-            process.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
-        except ProcessLookupError:
-            pass
 
 
 # The workloads ----------------------------------------------------------------------------------------

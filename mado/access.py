@@ -33,12 +33,41 @@ def is_job_principal(user) -> bool:
     return getattr(user, "job_scope", None) is not None
 
 
+def remember_roles(user) -> None:
+    """For a user object that lives one request (an API call's, fresh from its token): its role in a
+    project is then looked up once per request, not at every check. Other user objects (sessions,
+    services' callers, tests holding one across role changes) are asked every time."""
+    user.remembered_roles = {}
+
+
+def remember_role(user, project: Project, role: str | None) -> None:
+    """A role read along with something else (tracking reads it with the Run), for remember_roles' users."""
+    memo = getattr(user, "remembered_roles", None)
+    if memo is not None:
+        memo[project.pk] = role
+
+
+def role_is_a_membership(user) -> bool:
+    """Whether project_role reads the caller's role from a Membership row and from nothing else: not for
+    job principals, global administrators and service accounts, whose roles it knows without a query."""
+    return not (is_job_principal(user) or user.is_superuser or service_account_of(user) is not None)
+
+
 def project_role(user: User | AnonymousUser, project: Project) -> str | None:
     """The caller's role in the project: global administrators are admins everywhere; a service
     account has its own role in its one project; others have their membership's role; a job token
     has its creator's role in the job's project only."""
     if not user.is_authenticated:
         return None
+    memo = getattr(user, "remembered_roles", None)
+    if memo is None:
+        return _project_role(user, project)
+    if project.pk not in memo:
+        memo[project.pk] = _project_role(user, project)
+    return memo[project.pk]
+
+
+def _project_role(user, project: Project) -> str | None:
     if is_job_principal(user):
         project_id, role = user.job_scope
         return role if project.pk == project_id else None

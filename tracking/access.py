@@ -11,30 +11,14 @@ from tracking.errors import denied, not_found
 from tracking.models import Experiment, Run
 
 
-def remember_roles(user) -> None:
-    """For a user object that lives one request (the MLflow API's, fresh from its token): its role in a
-    project is then looked up once, not once for reading the Run and again for writing to it. Other user
-    objects (sessions, services' callers, tests holding one across role changes) are asked every time."""
-    user.tracking_roles = {}
-
-
-def _has_role(user, project, minimum: str) -> bool:
-    roles = getattr(user, "tracking_roles", None)
-    if roles is None:
-        return identity.has_role(user, project, minimum)
-    if project.pk not in roles:
-        roles[project.pk] = identity.project_role(user, project)
-    return role_at_least(roles[project.pk], minimum)
-
-
 def experiments_visible_in(user, project):
-    if not _has_role(user, project, Role.VIEWER):
+    if not identity.has_role(user, project, Role.VIEWER):
         return Experiment.objects.none()
     return Experiment.objects.filter(project=project)
 
 
 def runs_visible_in(user, project):
-    if not _has_role(user, project, Role.VIEWER):
+    if not identity.has_role(user, project, Role.VIEWER):
         return Run.objects.none()
     return Run.objects.filter(project=project)
 
@@ -47,26 +31,19 @@ def experiment_for(user, project, experiment_id) -> Experiment:
 
 
 def run_for(user, project, run_id: str) -> Run:
-    roles = getattr(user, "tracking_roles", None)
-    if roles is None or project.pk in roles or not _membership_decides(user):
+    memo = getattr(user, "remembered_roles", None)
+    if memo is None or project.pk in memo or not identity.role_is_a_membership(user):
         run = runs_visible_in(user, project).select_related("experiment", "created_by").filter(pk=run_id).first()
     else:  # the caller's role comes with the Run: one round trip fewer on every MLflow call about a Run
         role = Membership.objects.filter(project=project, user=user).order_by().values("role")[:1]
         run = Run.objects.filter(project=project, pk=run_id).select_related("experiment", "created_by").annotate(
             caller_role=Subquery(role)).first()
         if run is not None:
-            roles[project.pk] = run.caller_role
+            identity.remember_role(user, project, run.caller_role)
             run = run if role_at_least(run.caller_role, Role.VIEWER) else None
     if run is None:
         raise not_found(f"Run with id={run_id} not found")
     return run
-
-
-def _membership_decides(user) -> bool:
-    """Whether identity.project_role reads the caller's role from a Membership row (and from nothing
-    else): not for job principals, global administrators and service accounts, whose roles it knows
-    without a query."""
-    return not (identity.is_job_principal(user) or user.is_superuser or identity.service_account_of(user) is not None)
 
 
 def job_id_of(principal) -> int | None:
@@ -80,7 +57,7 @@ def check_can_write(user, principal, run: Run) -> None:
     if job_id is not None and run.job_id != job_id:
         raise denied(f"This job token writes only to its own Job's Run; Run {run.run_id} is not that Run. Use "
                      "MLFLOW_RUN_ID (mlflow.start_run() without arguments) or a personal token with runs:write.")
-    if not _has_role(user, run.project, Role.MEMBER):
+    if not identity.has_role(user, run.project, Role.MEMBER):
         raise denied("Writing to Runs needs the member role in this project; ask a project admin.")
 
 
@@ -88,5 +65,5 @@ def check_can_create(user, principal, project) -> None:
     if job_id_of(principal) is not None:
         raise denied("A job token writes only to its own Job's Run; it cannot create experiments or other Runs. "
                      "Use a personal token with runs:write for that.")
-    if not _has_role(user, project, Role.MEMBER):
+    if not identity.has_role(user, project, Role.MEMBER):
         raise denied("Creating experiments and Runs needs the member role in this project; ask a project admin.")

@@ -24,6 +24,7 @@ from django.http.response import HttpResponseBase
 from django.views.decorators.csrf import csrf_exempt
 from rest_framework import exceptions as drf_exceptions
 
+from mado import access as identity
 from mado.authentication import BearerTokenAuthentication
 from mado.choices import Scope
 from mado.services import Actor
@@ -165,7 +166,7 @@ def endpoint(scope: str, methods=("POST",)):
                     raise MlflowError(f"The endpoint {request.path} takes {', '.join(methods)}, not "
                                       f"{request.method}.", "ENDPOINT_NOT_FOUND", status=405)
                 user, principal = _authenticate(request)
-                access.remember_roles(user)
+                identity.remember_roles(user)
                 if not principal.is_job and scope not in principal.scopes:
                     raise MlflowError(f"This token lacks the {scope} scope; issue a token that has it.",
                                       "PERMISSION_DENIED")
