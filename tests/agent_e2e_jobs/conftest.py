@@ -55,6 +55,7 @@ class WorkerProcess:
                    MMT_WORKER_STATE_DIR=str(state_dir), MMT_WORKER_SSH_DIR=str(ssh_dir), MMT_LOG_LEVEL="debug",
                    MMT_WORKER_CLAIM_WAIT=str(CLAIM_WAIT))
         env.update(extra_env or {})
+        self.claim_wait = int(env["MMT_WORKER_CLAIM_WAIT"])  # how long its long-polls outlive it on the server
         self.log = log_dir / f"{worker_id}-{uuid.uuid4().hex[:6]}.log"
         self.log_file = open(self.log, "wb")
         self.process = subprocess.Popen([WORKER, "run"], env=env, stdout=self.log_file, stderr=subprocess.STDOUT,
@@ -207,9 +208,11 @@ def e2e(transactional_db, live_server, world, sshd, tmp_path):
     yield setup
     setup.close()
     # The live server keeps a database connection per open HTTP connection and holds a long-poll until
-    # its wait ends: let this test's end, so that the test database can be dropped.
+    # its wait ends (the longest any of this test's workers asked for): let them end, so that the test
+    # database can be dropped.
+    longest = max([CLAIM_WAIT, *(worker.claim_wait for worker in setup.workers)])
     try:
-        wait_until(lambda: not other_sessions(since), timeout=CLAIM_WAIT + 15, interval=0.1)
+        wait_until(lambda: not other_sessions(since), timeout=longest + 15, interval=0.1)
     except AssertionError:
         raise AssertionError(f"database sessions still open: {other_sessions(since)}") from None
 
