@@ -131,10 +131,9 @@ def test_symbolic_links_in_the_workspace_path_are_refused(local, working_dir, tm
 def test_cancel_sends_sigterm_that_the_job_traps_and_logs(local, working_dir):
     local.start(process_spec(working_dir, script=TRAPS_SIGTERM))
     wait_for(lambda: "ready" in local.read("7", "stdout.log"), what="the job to be ready")
-    began = time.monotonic()
     done = local.cancel("7")
+    # Ended by its own trap (exit 0, no signal), so before the 10 s grace ran out: no stopwatch needed.
     assert done["status"] == "canceled" and done["exit_code"] == 0 and done["signal"] is None
-    assert time.monotonic() - began < 5
     assert local.read("7", "stdout.log") == "ready\ngot SIGTERM, cleaning up\n"
     assert "[mado] Stop requested: sending SIGTERM; SIGKILL follows after 10 s." in local.read("7", "stderr.log")
     assert local.cancel("7")["status"] == "canceled"  # again: the end state, nothing else
@@ -150,7 +149,7 @@ def test_a_job_ignoring_sigterm_is_killed_after_the_grace_with_its_whole_group(l
     done = local.cancel("7")
     took = time.monotonic() - began
     assert done["status"] == "canceled" and done["signal"] == signal.SIGKILL and done["exit_code"] is None
-    assert 0.9 < took < 8, took
+    assert took > 0.9, took  # the 1 s grace was given before SIGKILL (a busy machine only makes it later)
     assert supervisor.group_members(pgid) == []
     st = supervisor.proc_stat(child)
     assert st is None or st[0] == "Z"
