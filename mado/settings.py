@@ -46,6 +46,7 @@ INSTALLED_APPS = [
     "sites",
     "datasets",
     "notifications",
+    "monitoring",
     "demo",
 ]
 

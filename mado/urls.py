@@ -11,6 +11,7 @@ urlpatterns = [
     path("api/", include("mado.api.urls")),
     path("mlflow/", include("registry.urls")),  # the model registry, ahead of tracking's catch-all
     path("mlflow/", include("tracking.urls")),  # MLflow's REST API 2.0 (MLFLOW_TRACKING_URI=<server>/mlflow)
+    path("", include("monitoring.urls")),  # /metrics for Prometheus
     path("admin/", admin.site.urls),
     path("i18n/", include("django.conf.urls.i18n")),
     path("login/", auth_views.LoginView.as_view(redirect_authenticated_user=True), name="login"),

@@ -1,0 +1,8 @@
+from django.apps import AppConfig
+
+
+class MonitoringConfig(AppConfig):
+    """Prometheus metrics at /metrics (issue 21): the top layer, reading every app below it."""
+
+    name = "monitoring"
+    verbose_name = "Monitoring"
