@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed-stamp
 TEST_DB := mado_run_$(shell date +%s)_$(shell echo $$$$)
 PG_URL ?= postgres://postgres@127.0.0.1:5432
 
-.PHONY: run test venv peers migrate messages schema bench clean
+.PHONY: run test venv peers migrate dist messages schema bench clean
 
 $(STAMP): requirements.txt pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -29,6 +29,8 @@ peers:
 	test -x /usr/sbin/sge_qmaster || missing="$$missing gridengine-master gridengine-client"; \
 	test -x /usr/sbin/sge_execd || missing="$$missing gridengine-exec"; \
 	command -v dockerd >/dev/null || missing="$$missing docker.io"; \
+	command -v promtool >/dev/null || missing="$$missing prometheus"; \
+	command -v mpirun >/dev/null || missing="$$missing openmpi-bin libopenmpi-dev"; \
 	test -x /bin/busybox || missing="$$missing busybox-static"; \
 	test -d /usr/share/fonts/opentype/noto || missing="$$missing fonts-noto-cjk"; \
 	if [ -n "$$missing" ]; then \
@@ -40,11 +42,19 @@ peers:
 migrate: venv
 	MADO_DEBUG=true MADO_DEV_MODE=true $(PY) manage.py migrate --no-input
 
+# The agent distribution the server offers at /downloads/ (a wheel and an sdist of mado-tracking, built by
+# `manage.py build_agent` into var/downloads), rebuilt when its sources change.
+AGENT_SOURCES := pyproject.toml $(shell find worker_agent mado_tracking -name '*.py' -not -path '*/__pycache__/*')
+var/downloads/manifest.json: $(AGENT_SOURCES) $(STAMP)
+	MADO_DEBUG=true MADO_DEV_MODE=true $(PY) manage.py build_agent
+
+dist: var/downloads/manifest.json
+
 # The demo: server on 127.0.0.1:8000 plus one local worker for the Local computer and the periodic
 # runner (time-based rules, notifications); Ctrl-C stops all three. The worker serves the Local computer
 # by id (MMT_WORKER_TARGET_IDS, which `manage.py demo` writes to var/worker-target-ids), so the checks
 # of its details, which name no worker, reach it (seed 002).
-run: migrate
+run: migrate dist
 	MADO_DEBUG=true MADO_DEV_MODE=true $(PY) manage.py demo
 	@MADO_DEV_MODE=true MMT_ALLOW_LOCAL_EXECUTOR=true MMT_API_URL=http://127.0.0.1:8000 \
 	  MMT_WORKER_TARGET_IDS="$$(cat $(CURDIR)/var/worker-target-ids)" \

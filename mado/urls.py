@@ -3,7 +3,7 @@ from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.urls import include, path
 
-from mado import views
+from mado import downloads, views
 
 urlpatterns = [
     # Ahead of mado.api.urls, whose catch-all answers every other /api/ path.
@@ -17,6 +17,10 @@ urlpatterns = [
     path("login/", auth_views.LoginView.as_view(redirect_authenticated_user=True), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("", views.home, name="home"),
+    # The agent distribution (mado/downloads.py), public like a package index: pip sends no session.
+    path("downloads/", downloads.downloads_page, name="downloads"),
+    path("downloads/latest.json", downloads.latest, name="downloads-latest"),
+    path("downloads/<str:filename>", downloads.download_file, name="download-file"),
     path("set-password/<uidb64>/<token>/", views.SetPasswordView.as_view(), name="set-password"),
     path("settings/", views.global_settings, name="global-settings"),
     path("settings/users/", views.users, name="users"),

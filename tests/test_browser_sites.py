@@ -68,7 +68,7 @@ def test_a_researcher_adds_a_manual_site_and_sees_its_details_in_chromium(
     first_time = details.locator("details.first-time")
     expect(first_time.locator("pre").first).to_be_hidden()
     first_time.locator("summary").click()
-    expect(first_time).to_contain_text("pip install mado-tracking")
+    expect(first_time).to_contain_text(f"pip install {live_server.url}/downloads/mado_tracking-")
     expect(details.locator("#job-shell tr[data-version]")).to_have_count(1)
     expect(page.locator('#computer-list tr[data-computer="bobs-pc"]')).to_contain_text("bob")
     assert (target.owner, target.visibility, target.site_settings.submission) == (world.member, "private", "manual")

@@ -302,7 +302,8 @@ def test_a_job_waiting_on_a_manual_site_shows_how_to_submit_it(client, world, ma
     assert "Waiting for manual submission" in page
     assert f"mado-tracking submit --site {manual_site.pk} --watch --all" in page
     assert "export MMT_API_URL=http://testserver MMT_API_TOKEN=<your API token>" in page
-    assert "When submitting for the first time" in page and "pip install mado-tracking" in page
+    assert "When submitting for the first time" in page and re.search(
+        r"pip install http://testserver/downloads/mado_tracking-[\d.]+-py3-none-any\.whl", page)
     assert "/projects/lab/settings/tokens/new?scopes=read&scopes=jobs%3Awrite" in page
     assert "Before using someone else's computer" in page  # alice owns the computer, bob runs the command
     listing = html(client.get(reverse("jobs", args=["lab"])))

@@ -9,10 +9,12 @@ import getpass
 import json
 import logging
 import os
+import re
 import sys
 from pathlib import Path
 
 import click
+import requests
 
 from worker_agent import __version__
 from worker_agent import install as inst
@@ -215,18 +217,26 @@ def install(ctx, api_url, worker_id, target_ids, state_dir, token_file, systemd_
 @click.option("--package-spec", envvar="MMT_UPGRADE_PACKAGE_SPEC",
               help="Install this pip argument instead (a checkout path with [telemetry], a wheel). "
                    "[MMT_UPGRADE_PACKAGE_SPEC]")
+@click.option("--from-server", is_flag=True, envvar="MMT_UPGRADE_FROM_SERVER",
+              help="Install the version the worker's server offers at <API URL>/downloads/ (the API URL the "
+                   "worker was installed with), checking its sha256. [MMT_UPGRADE_FROM_SERVER]")
 @click.option("--systemd-system", is_flag=True, envvar="MMT_SYSTEMD_SYSTEM", help="The worker is a system unit.")
 @click.pass_context
-def upgrade(ctx, worker_id, version, package_spec, systemd_system):
+def upgrade(ctx, worker_id, version, package_spec, from_server, systemd_system):
     """Install a new agent into the unit's venv, then restart the unit (running jobs keep running)."""
     runner = _runner(ctx)
     try:
         if not worker_id:
             raise ConfigError("Give --worker-id, the id the worker was installed with.")
         worker_id = validate_worker_id(worker_id)
-        spec = inst.package_spec(version, package_spec)
+        if from_server and (version or package_spec):
+            raise ConfigError("Give --from-server alone, or one of --version and --package-spec: not both.")
+        if not from_server:
+            spec = inst.package_spec(version, package_spec)
         layout = inst.layout_for(systemd_system)
         python = inst.read_unit_python(layout.unit_file)
+        if from_server:
+            spec = _server_package_spec(layout.env_file(worker_id))
     except (ConfigError, inst.InstallError) as exc:
         raise Fail(str(exc)) from None
     unit = inst.unit_instance(worker_id)
@@ -248,6 +258,44 @@ def upgrade(ctx, worker_id, version, package_spec, systemd_system):
                    f"{(restart.stderr or '').strip()[:200]}. Start it by hand, then check `mado-tracking-worker "
                    f"status --worker-id {worker_id}`.")
     click.echo(f"Upgraded and restarted {unit}. Running jobs were not stopped.")
+
+
+WHEEL_NAME = re.compile(r"mado_tracking-[A-Za-z0-9_.!+]+-py3-none-any\.whl")
+
+
+def _server_package_spec(env_file: Path) -> str:
+    """`mado-tracking[telemetry] @ <API URL>/downloads/<wheel>#sha256=<hex>` from the server's
+    /downloads/latest.json, at the API URL the worker was installed with. pip checks the downloaded wheel
+    against the sha256 in the fragment, so a file that changed on the way is refused."""
+    try:
+        api_url = validate_api_url(inst.parse_env_file(env_file.read_text(encoding="utf-8")).get("MMT_API_URL", ""))
+    except OSError as exc:
+        raise inst.InstallError(f"Cannot read {env_file} ({exc.strerror}), which holds the worker's API URL: run "
+                                "`mado-tracking-worker install` again, or give --package-spec.") from None
+    except ConfigError as exc:
+        raise inst.InstallError(f"{env_file}: {exc} Run `mado-tracking-worker install` again.") from None
+    url = f"{api_url}/downloads/latest.json"
+    try:
+        response = requests.get(url, timeout=(10, 60), headers={
+            "Accept": "application/json", "User-Agent": f"mado-tracking-worker/{__version__}"})
+    except requests.RequestException as exc:
+        raise inst.InstallError(f"Cannot reach {url} ({type(exc).__name__}). Check that the server is running and "
+                                f"MMT_API_URL in {env_file}; nothing was changed.") from None
+    try:
+        answer = response.json()
+    except ValueError:
+        answer = {}
+    if response.status_code != 200:
+        reason = answer.get("error") if isinstance(answer, dict) else None
+        raise inst.InstallError(f"{url} answered {response.status_code}"
+                                f"{': ' + str(reason).rstrip('.') if reason else ''}. Nothing was changed.")
+    wheel = answer.get("wheel") if isinstance(answer, dict) else None
+    if not (isinstance(wheel, dict) and WHEEL_NAME.fullmatch(str(wheel.get("filename", "")))
+            and re.fullmatch(r"[0-9a-f]{64}", str(wheel.get("sha256", "")))):
+        raise inst.InstallError(f"{url} does not describe a mado-tracking wheel (is {api_url} a Mado Compute "
+                                "server?). Nothing was changed.")
+    click.echo(f"The server offers mado-tracking {answer.get('version', '?')} ({wheel['filename']}).")
+    return f"mado-tracking[telemetry] @ {api_url}/downloads/{wheel['filename']}#sha256={wheel['sha256']}"
 
 
 # -- status ----------------------------------------------------------------------------------------

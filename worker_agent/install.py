@@ -291,8 +291,9 @@ def state_dir_of(layout: Layout, worker_id: str) -> Path:
 
 def package_spec(version: str | None, spec: str | None) -> str:
     if bool(version) == bool(spec):
-        raise InstallError("Give exactly one of --version (for example 0.2.0) or --package-spec (a path, wheel or "
-                           "requirement such as \"$HOME/mado-ml-tracking[telemetry]\").")
+        raise InstallError("Give exactly one of --version (for example 0.2.0), --package-spec (a path, wheel or "
+                           "requirement such as \"$HOME/mado-ml-tracking[telemetry]\") or --from-server (the "
+                           "version the worker's server offers).")
     if version:
         return f"mado-tracking[telemetry]=={version}"
     return spec
