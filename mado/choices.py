@@ -22,10 +22,12 @@ class Scope(models.TextChoices):
     WORKER_EXECUTE = "worker:execute", "worker:execute"
     ADMIN = "admin", "admin"
     LAUNCHER_EXECUTE = "launcher:execute", "launcher:execute"
+    METRICS_READ = "metrics:read", "metrics:read"
 
 
 # The least project role a token's holder needs for each scope to be issued. worker:execute is
-# further limited to admin-role service accounts; launcher:execute to launcher tokens.
+# further limited to admin-role service accounts; launcher:execute to launcher tokens; metrics:read (the
+# whole server's figures at /metrics) to global administrators' own tokens.
 SCOPE_MIN_ROLE = {
     Scope.READ: Role.VIEWER,
     Scope.JOBS_WRITE: Role.MEMBER,
@@ -35,6 +37,7 @@ SCOPE_MIN_ROLE = {
     Scope.ADMIN: Role.MEMBER,
     Scope.WORKER_EXECUTE: Role.ADMIN,
     Scope.LAUNCHER_EXECUTE: Role.ADMIN,
+    Scope.METRICS_READ: Role.ADMIN,
 }
 
 USER_SCOPES = [s for s in Scope if s != Scope.LAUNCHER_EXECUTE]

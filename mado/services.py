@@ -302,7 +302,7 @@ def disable_service_account(actor: Actor, account: ServiceAccount) -> ServiceAcc
 
 def allowed_scopes(user: User, project: Project, kind: str) -> list[str]:
     """Scopes a token for this holder may carry, given the holder's role (and, for worker:execute,
-    that it is an admin-role service account)."""
+    that it is an admin-role service account; for metrics:read, that it is a global administrator)."""
     role = access.project_role(user, project)
     account = access.service_account_of(user)
     result = []
@@ -312,6 +312,8 @@ def allowed_scopes(user: User, project: Project, kind: str) -> list[str]:
                 result.append(scope.value)
             continue
         if scope == Scope.WORKER_EXECUTE and (account is None or account.role != Role.ADMIN):
+            continue
+        if scope == Scope.METRICS_READ and not access.is_global_admin(user):
             continue
         if role_at_least(role, SCOPE_MIN_ROLE[scope]):
             result.append(scope.value)

@@ -6,3 +6,10 @@ class MonitoringConfig(AppConfig):
 
     name = "monitoring"
     verbose_name = "Monitoring"
+
+    def ready(self):
+        from django.core import checks
+
+        from monitoring.checks import metrics_allowed_addresses
+
+        checks.register(metrics_allowed_addresses)
