@@ -30,7 +30,7 @@ peers:
 	test -x /usr/sbin/sge_execd || missing="$$missing gridengine-exec"; \
 	command -v dockerd >/dev/null || missing="$$missing docker.io"; \
 	command -v promtool >/dev/null || missing="$$missing prometheus"; \
-	command -v mpirun >/dev/null || missing="$$missing openmpi-bin libopenmpi-dev"; \
+	command -v mpicc >/dev/null || missing="$$missing openmpi-bin libopenmpi-dev"; \
 	test -x /bin/busybox || missing="$$missing busybox-static"; \
 	test -d /usr/share/fonts/opentype/noto || missing="$$missing fonts-noto-cjk"; \
 	if [ -n "$$missing" ]; then \

@@ -143,6 +143,11 @@ def secret_values(job: dict) -> list[str]:
 
 LOOPBACK = "127.0.0.1"
 CLUSTER_HOSTS_FILE = "cluster-hosts"  # in the replica's workspace (python runtime: MMT_CLUSTER_HOSTS_FILE)
+# For launchers (docs/cluster-jobs.md, "Hostfiles"), next to it in inputs/: `NAME slots=N` lines, which
+# OpenMPI's --hostfile and DeepSpeed's --hostfile read alike (MMT_CLUSTER_HOSTFILE), and one name a line
+# (MMT_CLUSTER_NODEFILE). Both list the replicas in RANK order, main1 first.
+CLUSTER_HOSTFILE = "cluster-hostfile"
+CLUSTER_NODEFILE = "cluster-nodes"
 
 
 def replica_number(name: str) -> int:
@@ -228,3 +233,34 @@ def docker_add_hosts(replicas_with_addresses) -> list[str]:
         address, name = line.split(" ", 1)
         args += ["--add-host", f"{name}:{address}"]
     return args
+
+
+def replica_slots(replica: dict) -> int:
+    """A replica's slots in the hostfile: its GPU count, or 1 without GPUs (one process per replica)."""
+    return max(1, len(replica.get("gpu_ids") or []))
+
+
+def _ordered_names(replicas: list[dict]) -> list[str]:
+    names = [str(r["name"]) for r in sorted(replicas, key=lambda r: int(r["index"]))]
+    for name in names:
+        if not name or any(ch.isspace() for ch in name):
+            raise ValueError(f"replica name {name!r} must be one word")
+    return names
+
+
+def hostfile_text(replicas: list[dict]) -> str:
+    """`MMT_CLUSTER_HOSTFILE`: `NAME slots=N` per replica in RANK order (line RANK+1 is that replica)."""
+    slots = {str(r["name"]): replica_slots(r) for r in replicas}
+    return "".join(f"{name} slots={slots[name]}\n" for name in _ordered_names(replicas))
+
+
+def nodefile_text(replicas: list[dict]) -> str:
+    """`MMT_CLUSTER_NODEFILE`: one replica name a line, in RANK order."""
+    return "".join(f"{name}\n" for name in _ordered_names(replicas))
+
+
+def cluster_file_variables(inputs_dir: str) -> dict[str, str]:
+    """The hostfile variables, as the job sees `inputs_dir` (a host path, or /mmt/inputs in containers)."""
+    inputs_dir = inputs_dir.rstrip("/")
+    return {"MMT_CLUSTER_HOSTFILE": f"{inputs_dir}/{CLUSTER_HOSTFILE}",
+            "MMT_CLUSTER_NODEFILE": f"{inputs_dir}/{CLUSTER_NODEFILE}"}

@@ -40,6 +40,8 @@ starts (the source and inputs by the worker; the venv or container by each super
 holds until the job releases all replicas at once); each replica's logs are followed on its own
 thread and posted with its name; the job ends with main1 (the subs are then stopped) or with the
 first sub that fails (the others are stopped; the completion names it); a stop request stops them all.
+Python replicas on SSH computers also get `ssh` between them (worker_agent/replica_ssh.py): the job's
+key is authorized on every replica's computer before any is prepared and removed before the completion.
 
 Any leased call answered 401/403/404/410, or 409 `invalid_lease`/`job_ended`/`job_already_completed`,
 means the lease is gone: the worker stops touching that job and forgets it. SIGTERM to the worker
@@ -57,16 +59,16 @@ import time
 from collections import deque
 from datetime import UTC, datetime
 
-from worker_agent import dataset_transfer, jobenv
+from worker_agent import authorized_keys, dataset_transfer, jobenv, replica_ssh
 from worker_agent.api import ApiClient, ApiError, ApiUnavailable, Backoff, FatalApiError
 from worker_agent.config import WorkerConfig
 from worker_agent.journal import JobJournal
 from worker_agent.remote_files import RemoteFileError, RemoteRange, fetch_source, list_outputs
 from worker_agent.core.lifecycle import conclude, invalid_result, send_outputs, signal_name, upload
 from worker_agent.results import WORKER_LIMIT_SETTING, too_many_files
-from worker_agent.runtimes import RuntimeRefused, build_spec, read_facts
+from worker_agent.runtimes import CONTAINER_RUNTIMES, RuntimeRefused, build_spec, read_facts
 from worker_agent.ssh import CommandTimeout, ConnectError, ConnectionPool, Target
-from worker_agent.supervisor import LogChunk, Remote, StateFrame, SupervisorError, workspace
+from worker_agent.supervisor import LogChunk, Remote, StateFrame, SupervisorError, spec_hash, workspace
 from worker_agent.telemetry import INTERVAL_SECONDS, GpuTelemetry, metric_points, same_machine
 from worker_agent.text import mask_tokens
 
@@ -763,6 +765,39 @@ def run_python(connection, python: str, code: str, *args: str) -> str:
     return ran.stdout.decode("utf-8", "replace").strip()
 
 
+def computer_key(computer: dict) -> str:
+    """One authorized_keys file: a computer's id, or its user, host and port."""
+    if computer.get("id") is not None:
+        return str(computer["id"])
+    return f"{computer.get('ssh_user')}@{computer.get('host')}:{computer.get('port') or 22}"
+
+
+def revoke_key(pool: ConnectionPool, computer: dict, tag: str, stop: threading.Event, *, job_id,
+               attempts: int = 3) -> bool:
+    """A job's authorized_keys line off one computer, a few tries; False when it could not be done."""
+    error = ""
+    for attempt in range(attempts):
+        if stop.is_set():
+            return False
+        try:
+            connection = pool.get(Target.from_api(computer))
+            answer = replica_ssh.edit(connection, str(computer.get("python_path") or "python3"),
+                                      replica_ssh.revoke_op([tag]))
+            log.info("job %s: the job's SSH key is removed from %s (%d line%s)", job_id, computer.get("name"),
+                     answer["removed"], "" if answer["removed"] == 1 else "s")
+            return True
+        except replica_ssh.ReplicaSshError as exc:
+            error = exc.message
+        except ConnectError as exc:
+            error = exc.detail
+        except TRANSIENT as exc:
+            error = f"{type(exc).__name__}: {exc}"
+        stop.wait(min(5.0, 0.5 * 2 ** attempt))
+    log.warning("job %s: the job's SSH key could not be removed from %s (%s); it expires there on its own, or "
+                "goes when this worker next runs a cluster job there", job_id, computer.get("name"), mask_tokens(error))
+    return False
+
+
 class ReplicaRunner(JobRunner):
     """One replica of a cluster job: JobRunner's per-computer steps (prepare, start, follow, stop and,
     for main1, the outputs) on the replica's computer, in its workspace `<jobId>-<replica>`, with its
@@ -807,6 +842,9 @@ class ReplicaRunner(JobRunner):
 
     def cluster_spec(self) -> dict:
         return self.parent.cluster_spec_of(self)
+
+    def spec(self) -> dict:
+        return self.parent.replica_spec(self, super().spec())
 
     def stop_now(self) -> dict:
         return self.on_target(lambda c: self.remote(c).cancel(grace=self.config.cancel_grace), f"stopping {self.name}")
@@ -903,6 +941,7 @@ class ClusterRunner(JobRunner):
         """Prepare every replica first, then start them all; False when the job ended instead."""
         try:
             self.ensure_cluster_facts()
+            self.ensure_replica_ssh()
         except StartFailed as exc:
             self.start_failed(self.main, exc.message, reason=exc.reason, present=present)
             return False
@@ -1089,7 +1128,123 @@ class ClusterRunner(JobRunner):
                                          mode=str(self.job.get("cluster_mode") or "single-node"),
                                          main_addr=jobenv.main_address(replica.replica, replicas),
                                          master_port=int(facts["master_port"]))
+        runtime = str(self.job.get("runtime") or "python")
+        inputs = jobenv.container_locations().inputs_dir if runtime in ("docker", *CONTAINER_RUNTIMES) else \
+            jobenv.host_locations(replica.job_dir).inputs_dir
+        env.update(jobenv.cluster_file_variables(inputs))
+        if (facts.get("ssh") or {}).get("enabled"):
+            env["MMT_CLUSTER_SSH_CONFIG"] = f"{replica.job_dir}/{replica_ssh.CONFIG_PATH}"
         return {"name": replica.name, "env": env, "hosts": facts["hosts"][replica.name]}
+
+    def replica_spec(self, replica: ReplicaRunner, spec: dict) -> dict:
+        """build_spec's spec plus the launchers' files: the hostfiles (every runtime) and, where the job
+        has SSH between its replicas, the replica's `ssh/` with `ssh/bin` first on PATH."""
+        replicas = [r.replica for r in self.replicas]
+        files = [{"path": f"inputs/{jobenv.CLUSTER_HOSTFILE}", "content": jobenv.hostfile_text(replicas),
+                  "mode": 0o644},
+                 {"path": f"inputs/{jobenv.CLUSTER_NODEFILE}", "content": jobenv.nodefile_text(replicas),
+                  "mode": 0o644}]
+        ssh = self.record["cluster"].get("ssh") or {}
+        if ssh.get("enabled"):
+            files += replica_ssh.replica_files(job_dir=replica.job_dir, peers=ssh["peers"],
+                                               known_hosts=ssh["known_hosts"], private_key=ssh["private"])
+            spec["path_prepend"] = [f"{replica.job_dir}/{replica_ssh.BIN_DIR}", *(spec.get("path_prepend") or [])]
+        spec["files"] = [*spec["files"], *files]
+        spec["spec_hash"] = spec_hash(spec)
+        return spec
+
+    # -- ssh between the replicas (worker_agent/replica_ssh.py) ------------------------------------
+
+    def ensure_replica_ssh(self) -> None:
+        """The job's key pair (journaled before any computer is touched, so its lines are always found
+        again), then its public key authorized on every replica's computer. Where that cannot be done
+        (another runtime, a Local computer, no trusted host key, an authorized_keys the SSH user cannot
+        write) the job runs without SSH between its replicas, as cluster jobs did before: the
+        torch.distributed rendezvous does not need it."""
+        cluster = self.record["cluster"]
+        ssh = dict(cluster.get("ssh") or {})
+        if "enabled" not in ssh:
+            ssh = self.new_replica_ssh()
+            self.save(cluster=dict(cluster, ssh=ssh))
+        if not ssh.get("enabled"):
+            return
+        op = replica_ssh.authorize_op(public_key=ssh["public"], tag=ssh["tag"],
+                                      seconds=replica_ssh.key_lifetime(self.job.get("walltime_seconds")),
+                                      worker_id=self.config.worker_id, keep=self.manager.active_ids())
+        for replica in self.ssh_computers():
+            key = computer_key(replica.computer)
+            if key not in ssh["authorized"]:
+                ssh = dict(ssh, authorized=[*ssh["authorized"], key])
+                self.save(cluster=dict(self.record["cluster"], ssh=ssh))
+            try:
+                answer = replica.on_target(lambda c, r=replica: replica_ssh.edit(c, r.python, op),
+                                           f"authorizing the job's SSH key on {replica.computer.get('name')}")
+            except replica_ssh.ReplicaSshError as exc:
+                reason = (f"the SSH user's ~/.ssh/authorized_keys on {replica.computer.get('name')} cannot be "
+                          f"changed: {exc.message}")
+                log.warning("job %s: no ssh between its replicas: %s", self.id, reason)
+                self.revoke_replica_ssh()
+                self.save(cluster=dict(self.record["cluster"], ssh=dict(self.record["cluster"]["ssh"], enabled=False,
+                                                                        reason=reason)))
+                return
+            log.info("job %s: the job's SSH key is authorized on %s (%s)%s", self.id, replica.computer.get("name"),
+                     answer.get("path"), f", expiring {answer['expiry']}" if answer.get("expiry") else
+                     " without expiry-time (OpenSSH older than 8.2 there)")
+
+    def new_replica_ssh(self) -> dict:
+        replicas = [r.replica for r in self.replicas]
+        reason = replica_ssh.unsupported(self.job)
+        if reason is None:
+            tag = authorized_keys.job_tag(self.id, self.config.worker_id)
+            try:
+                peers = replica_ssh.peers(replicas)
+                known_hosts = replica_ssh.known_hosts_text(replicas)
+                for replica in self.replicas:  # every workspace path fits into an ssh_config
+                    replica_ssh.replica_files(job_dir=replica.job_dir, peers=peers, known_hosts=known_hosts,
+                                              private_key="")
+            except replica_ssh.ReplicaSshError as exc:
+                reason = exc.message
+            else:
+                pair = replica_ssh.new_key_pair(tag)
+                return {"enabled": True, "tag": tag, "private": pair["private"], "public": pair["public"],
+                        "peers": peers, "known_hosts": known_hosts, "authorized": [], "revoked": []}
+        log.info("job %s: no ssh between its replicas: %s", self.id, reason)
+        return {"enabled": False, "reason": reason}
+
+    def ssh_computers(self) -> list[ReplicaRunner]:
+        """The first replica on each computer: one authorized_keys edit per computer."""
+        seen, firsts = set(), []
+        for replica in self.replicas:
+            key = computer_key(replica.computer)
+            if key not in seen:
+                seen.add(key)
+                firsts.append(replica)
+        return firsts
+
+    def revoke_replica_ssh(self) -> None:
+        """The job's key off every computer that authorized it (once; journaled per computer). A computer
+        that cannot be reached now keeps the line until its expiry time or this worker's next sweep there."""
+        ssh = self.record["cluster"].get("ssh") or {}
+        wanted = [r for r in self.ssh_computers()
+                  if computer_key(r.computer) in set(ssh.get("authorized") or [])
+                  and computer_key(r.computer) not in set(ssh.get("revoked") or [])]
+        for replica in wanted:
+            if revoke_key(self.manager.pool, replica.computer, ssh["tag"], self.stop, job_id=self.id):
+                ssh = self.record["cluster"]["ssh"]
+                self.save(cluster=dict(self.record["cluster"], ssh=dict(
+                    ssh, revoked=[*(ssh.get("revoked") or []), computer_key(replica.computer)])))
+
+    def deliver(self) -> bool:
+        # Every replica has ended (or never started) once there is a completion: the key goes first.
+        self.revoke_replica_ssh()
+        return super().deliver()
+
+    def drop(self, why: str) -> None:
+        try:
+            self.revoke_replica_ssh()
+        except Exception:  # the job is no longer ours either way; its lines expire on their own
+            log.exception("job %s: removing the job's SSH key failed", self.id)
+        super().drop(why)
 
     # -- follow and decide -------------------------------------------------------------------------
 
@@ -1296,6 +1451,7 @@ class JobManager:
             item = held.pop(job_id, None)
             if item is None:
                 log.info("job %s is no longer held by this worker on the server; forgetting it", job_id)
+                self.revoke_forgotten(record)
                 self.journal.remove(job_id)
                 continue
             if str(item.get("lease_id")) != record["lease_id"]:
@@ -1316,6 +1472,23 @@ class JobManager:
                      item["id"])
             self.accept(item)
         self.recovered.set()
+
+    def revoke_forgotten(self, record: dict) -> None:
+        """A cluster job that ended while this worker was gone: its SSH key off the computers that
+        authorized it, on a thread of its own (a computer that is down must not hold up the others)."""
+        ssh = (record.get("cluster") or {}).get("ssh") or {}
+        left = set(ssh.get("authorized") or []) - set(ssh.get("revoked") or [])
+        computers = {computer_key(c): c
+                     for c in ((r.get("computer") or {}) for r in record["job"].get("replicas") or [])}
+        targets = [computers[k] for k in sorted(left) if k in computers]
+        if not targets or not ssh.get("tag"):
+            return
+
+        def revoke() -> None:
+            for computer in targets:
+                revoke_key(self.pool, computer, ssh["tag"], self.stop_event, job_id=record["job_id"])
+
+        threading.Thread(target=revoke, name=f"job-{record['job_id']}-revoke", daemon=True).start()
 
     def resume_after_error(self) -> None:
         """After a claim failed on the network: take over whatever the server gave us meanwhile."""
