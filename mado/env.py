@@ -95,6 +95,17 @@ def database(name: str, default_sqlite: Path) -> dict:
                                    conn_health_checks=True)
     if config["ENGINE"].endswith("sqlite3"):
         config["OPTIONS"] = {"transaction_mode": "IMMEDIATE", "timeout": 20}
+        return config
+    # A pool per server process (psycopg_pool, through Django): threads share at most this many
+    # connections, so a server with hundreds of threads for workers' long-polls stays within PostgreSQL's
+    # max_connections (docs/deployment.md). Django keeps no persistent connection beside a pool.
+    pool_size = env_int("MADO_DB_POOL_SIZE", 0, minimum=0, maximum=1000)
+    if pool_size:
+        config["CONN_MAX_AGE"] = 0
+        config["CONN_HEALTH_CHECKS"] = False
+        config.setdefault("OPTIONS", {})["pool"] = {
+            "min_size": min(2, pool_size), "max_size": pool_size,
+            "timeout": env_int("MADO_DB_POOL_TIMEOUT_SECONDS", 30, minimum=1, maximum=600)}
     return config
 
 

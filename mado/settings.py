@@ -108,7 +108,23 @@ USE_TZ = True
 
 STATIC_URL = "static/"
 STATICFILES_DIRS = [BASE_DIR / "static"]
-STATIC_ROOT = VAR_DIR / "static"
+# Apart from MADO_VAR_DIR so an image can collect its static files at build time while the state directory is
+# a volume that would keep an old copy across upgrades.
+STATIC_ROOT = Path(env.env_str("MADO_STATIC_ROOT", "").strip() or str(VAR_DIR / "static"))
+# MADO_SERVE_STATIC: gunicorn serves what collectstatic put in STATIC_ROOT itself (WhiteNoise, right after the
+# security middleware so its redirects and headers apply first), compressed and under content-hashed names browsers
+# may cache for a year; no proxy rule to keep in step. Off where nothing is collected (`make run` serves the
+# checkout's files through runserver, the test suite needs none): the manifest storage refuses to render a page
+# whose file is not in its manifest.
+SERVE_STATIC = env.env_bool("MADO_SERVE_STATIC", False)
+if SERVE_STATIC:
+    MIDDLEWARE.insert(MIDDLEWARE.index("django.middleware.security.SecurityMiddleware") + 1,
+                      "whitenoise.middleware.WhiteNoiseMiddleware")
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {"BACKEND": "whitenoise.storage.CompressedManifestStaticFilesStorage" if SERVE_STATIC
+                    else "django.contrib.staticfiles.storage.StaticFilesStorage"},
+}
 # Worker outputs carry a manifest of up to 10 000 lines of 4 KiB: JSON bodies up to 48 MiB.
 DATA_UPLOAD_MAX_MEMORY_SIZE = 48 * 2**20
 MEDIA_ROOT = Path(env.env_str("MADO_MEDIA_ROOT", str(VAR_DIR / "media")))
@@ -186,6 +202,9 @@ LOGGING = {
     "handlers": {"console": {"class": "logging.StreamHandler"}},
     "root": {"handlers": ["console"], "level": env.env_choice("MADO_LOG_LEVEL", "INFO", ["DEBUG", "INFO", "WARNING", "ERROR"])},
 }
+
+# Prometheus metrics (docs/monitoring.md): addresses that may scrape /metrics without a token (IPs or CIDRs).
+METRICS_ALLOWED_ADDRESSES = env.env_list("MADO_METRICS_ALLOWED_ADDRESSES", [])
 
 # How often a token's last_used_at is written: every request would turn reads into writes.
 TOKEN_LAST_USED_RESOLUTION_SECONDS = 60
