@@ -1,7 +1,7 @@
 """The agent distribution this server was deployed with, offered at /downloads/.
 
 `build()` builds a wheel and an sdist of `mado-tracking` (pyproject.toml, worker_agent/, mado_tracking/) from
-this checkout into VAR_DIR/downloads and writes manifest.json (version, files, sha256) there last; `make run`
+this checkout into DOWNLOADS_DIR (MADO_DOWNLOADS_DIR, default VAR_DIR/downloads) and writes manifest.json (version, files, sha256) there last; `make run`
 and the deployment steps run it through `manage.py build_agent`. The pages serve only the files the manifest
 names, to anyone: pip sends no session cookie, and the agent is no secret (like a package index)."""
 from __future__ import annotations
@@ -36,7 +36,7 @@ class BuildError(Exception):
 
 
 def directory() -> Path:
-    return Path(settings.VAR_DIR) / "downloads"
+    return Path(settings.DOWNLOADS_DIR)
 
 
 @lru_cache(maxsize=1)
@@ -106,7 +106,7 @@ def _sha256(path: Path) -> str:
 
 
 def build(dest: Path | None = None) -> dict:
-    """Build the wheel and the sdist into `dest` (default VAR_DIR/downloads) and return the manifest.
+    """Build the wheel and the sdist into `dest` (default DOWNLOADS_DIR) and return the manifest.
 
     The sources are copied first, so the build leaves nothing (build/, *.egg-info) in the checkout. The wheel
     is built from the sdist, as `python -m build` does, so a file missing from the sdist fails here, not on a

@@ -128,6 +128,8 @@ STORAGES = {
 # Worker outputs carry a manifest of up to 10 000 lines of 4 KiB: JSON bodies up to 48 MiB.
 DATA_UPLOAD_MAX_MEMORY_SIZE = 48 * 2**20
 MEDIA_ROOT = Path(env.env_str("MADO_MEDIA_ROOT", str(VAR_DIR / "media")))
+# The agent distribution served at /downloads/ (manage.py build_agent); the server image keeps it in the image.
+DOWNLOADS_DIR = Path(env.env_str("MADO_DOWNLOADS_DIR", "").strip() or str(VAR_DIR / "downloads"))
 
 # Security: an https public URL switches on everything a TLS deployment needs.
 SESSION_COOKIE_SECURE = HTTPS

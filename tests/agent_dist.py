@@ -1,5 +1,5 @@
 """The agent distribution built once per test session from this checkout (mado.downloads.build, what
-`manage.py build_agent` runs), and served by the server under test through VAR_DIR."""
+`manage.py build_agent` runs), and served by the server under test from settings.DOWNLOADS_DIR."""
 from __future__ import annotations
 
 import shutil
@@ -22,5 +22,5 @@ def offered_agent(agent_build, settings, tmp_path) -> dict:
     """The session's build, copied into this test's own VAR_DIR (a test may add or remove files there)."""
     var = tmp_path / "var"
     shutil.copytree(agent_build["var"] / "downloads", var / "downloads")
-    settings.VAR_DIR = var
+    settings.DOWNLOADS_DIR = var / "downloads"
     return {**agent_build, "var": var, "downloads": Path(var / "downloads")}

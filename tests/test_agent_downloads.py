@@ -80,7 +80,7 @@ def test_nothing_but_the_offered_files_is_served(client, offered_agent):
 
 
 def test_a_server_that_has_not_built_the_agent_says_how_to(client, settings, tmp_path):
-    settings.VAR_DIR = tmp_path
+    settings.DOWNLOADS_DIR = tmp_path / "downloads"
     page = text(client.get("/downloads/"))
     assert "The agent distribution has not been built on this server yet. Its operator builds it with: " \
            "manage.py build_agent" in page

@@ -49,7 +49,7 @@ def test_when_pip_fails_the_unit_is_not_restarted(installed_against_the_server, 
 
 
 def test_a_server_that_offers_no_agent_changes_nothing(installed_against_the_server, settings, tmp_path):
-    settings.VAR_DIR = tmp_path  # nothing built there
+    settings.DOWNLOADS_DIR = tmp_path  # nothing built there
     runner = FakeRunner(ACTIVE)
     result = invoke(["upgrade", "--worker-id", "w1", "--from-server"], runner)
     assert result.exit_code == 1

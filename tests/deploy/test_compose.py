@@ -154,3 +154,13 @@ def test_the_worker_entry_point_in_the_image_is_the_tested_script():
     text = (ROOT / "docker" / "Dockerfile.worker").read_text()
     assert "COPY docker/worker-entrypoint.sh /usr/local/bin/mado-worker-entrypoint" in text
     assert 'ENTRYPOINT ["mado-worker-entrypoint"]' in text
+
+
+def test_the_server_image_serves_its_own_agent_from_outside_the_state_volume():
+    """/downloads/ of a container offers the agent of that image: built at image build time into a folder of
+    the image, not of the volume server-data (which would keep the first image's wheel across upgrades)."""
+    text = re.sub(r"\\\n", " ", (ROOT / "docker" / "Dockerfile.server").read_text())
+    assert "manage.py build_agent" in text
+    env = dict(re.findall(r"(MADO_[A-Z_]+)=(\S+)", text))
+    assert env["MADO_DOWNLOADS_DIR"].startswith("/opt/mado/")
+    assert not env["MADO_DOWNLOADS_DIR"].startswith(env["MADO_VAR_DIR"])
