@@ -76,6 +76,7 @@ ENDED = ("finished", "failed", "canceled")
 GOAL_WARM_SSH_MS = 150
 GOAL_LOCAL_MS = 100
 GOAL_COLD_SSH_X_FRESH = 2.0
+GOAL_IDLE_X = 1.5
 
 
 def main() -> None:
@@ -83,7 +84,16 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=10, help="warm jobs per computer (default 10)")
     parser.add_argument("--cold", type=int, default=3, help="worker restarts per computer (default 3)")
     parser.add_argument("--keep-logs", type=Path, help="copy the worker's (debug) and the server's log here")
+    parser.add_argument("--idle", type=int, default=0,
+                        help="then again with this many idle workers of another project, each with its three "
+                             "long-polls (checks, reads, jobs) open, as `mado-tracking-worker run` keeps them")
+    parser.add_argument("--threads", type=int, default=8, help="gunicorn threads per process (default 8)")
+    parser.add_argument("--pool", type=int, default=0,
+                        help="MADO_DB_POOL_SIZE for the server (default 0: persistent connections per thread)")
     args = parser.parse_args()
+    if args.pool:
+        SERVER_ENV.update(MADO_DB_POOL_SIZE=str(args.pool))
+        del SERVER_ENV["MADO_DB_CONN_MAX_AGE"]
     signal.signal(signal.SIGTERM, _terminated)
     import psycopg
 
@@ -94,9 +104,9 @@ def main() -> None:
         with psycopg.connect(f"{PG}/postgres", autocommit=True) as admin:
             admin.execute(f'CREATE DATABASE "{DB}"')
             created = True
-        bench = Bench()
+        bench = Bench(threads=args.threads, idle=args.idle)
         bench.setup()
-        run(bench, args.jobs, args.cold)
+        run(bench, args.jobs, args.cold, args.idle)
     except KeyboardInterrupt:
         print("interrupted: stopping everything and dropping the database", file=sys.stderr)
     finally:
@@ -127,7 +137,10 @@ def _terminated(signum, frame):
 class Bench:
     """The server, the sshd, the two computers, the tokens and the worker of one run."""
 
-    def __init__(self):
+    def __init__(self, *, threads: int = 8, idle: int = 0):
+        self.threads, self.idle = threads, idle
+        self.idle_polls: list = []
+        self.idle_stop = None
         self.server = self.worker = self.sshd = None
         self.worker_log = VAR / "worker.log"
         self.dirs: list[Path] = []
@@ -167,6 +180,13 @@ class Bench:
         _, worker_token = services.issue_token(
             services.SYSTEM, user=account.user, project=project, kind=TokenKind.SERVICE,
             scopes=["read", "worker:execute", "artifacts:write"], expires_in_days=None)
+        if self.idle:
+            idle_project = Project.objects.create(slug="idle", name="Idle")
+            idle_account = services.create_service_account(services.Actor(admin), idle_project, name="idle-workers",
+                                                           role=Role.ADMIN)
+            _, self.idle_token = services.issue_token(
+                services.SYSTEM, user=idle_account.user, project=idle_project, kind=TokenKind.SERVICE,
+                scopes=["read", "worker:execute"], expires_in_days=None)
         self.token_file = VAR / "worker-token"
         self.token_file.write_text(worker_token + "\n")
         self.token_file.chmod(0o600)
@@ -196,7 +216,7 @@ class Bench:
         self.url = f"http://127.0.0.1:{port}"
         env = dict(os.environ, **SERVER_ENV, MADO_PUBLIC_URL=self.url)
         self.server = start([str(BIN / "gunicorn"), "mado.wsgi", "--bind", f"127.0.0.1:{port}",
-                             "--worker-class", "gthread", "--workers", "2", "--threads", "8",
+                             "--worker-class", "gthread", "--workers", "2", "--threads", str(self.threads),
                              "--log-level", "warning"], env, VAR / "server.log")
         wait_ready(self.server, f"{self.url}/api/health", VAR / "server.log")
 
@@ -233,25 +253,31 @@ class Bench:
         stop(self.worker)
         wait_until(lambda: self.listeners()[0] == 0, 60, "the stopped worker's long-poll to end", interval=0.1)
 
-    def listeners(self, since=None) -> tuple[int, datetime]:
-        """Job claim long-polls waiting in the server (LISTEN sessions on the jobs channel opened after
-        `since`), and the database's clock."""
+    def listeners(self) -> tuple[int, int]:
+        """Job claim long-polls waiting in the server now, and those opened so far, summed over its
+        processes: each process's long-poll listener shows them in its pg_stat_activity application_name
+        (`mado-longpoll jobs=1/57 ...`, workers.longpoll)."""
         from django.db import connection
 
         from jobs.services import JOBS_CHANNEL
 
         with connection.cursor() as cursor:
-            cursor.execute("SELECT count(*) FILTER (WHERE %s::timestamptz IS NULL OR backend_start > %s), "
-                           "clock_timestamp() FROM pg_stat_activity WHERE datname = %s AND state = 'idle' "
-                           "AND query = %s", [since, since, DB, f'LISTEN "{JOBS_CHANNEL}"'])
-            return cursor.fetchone()
+            cursor.execute("SELECT application_name FROM pg_stat_activity WHERE datname = %s "
+                           "AND application_name LIKE 'mado-longpoll %%'", [DB])
+            labels = [row[0] for row in cursor.fetchall()]
+        key = JOBS_CHANNEL.removeprefix("mado_") + "="
+        counts = [part.removeprefix(key).split("/") for label in labels for part in label.split()
+                  if part.startswith(key)]
+        return sum(int(waiting) for waiting, _ in counts), sum(int(opened) for _, opened in counts)
 
-    def wait_listening(self, since: datetime) -> None:
-        """Until the worker's job claim waits in the server: a LISTEN session opened after `since`."""
+    def wait_listening(self, since: int) -> None:
+        """Until the worker's job claim waits in the server: a long-poll opened after `since` (a count
+        from listeners()) that is waiting."""
         def listening():
             if self.worker.poll() is not None:
                 raise SystemExit("the worker exited:\n" + self.worker_log.read_text()[-3000:])
-            return self.listeners(since)[0] > 0
+            waiting, opened = self.listeners()
+            return waiting > 0 and opened > since
 
         wait_until(listening, 60, "the worker's claim long-poll", interval=0.005)
 
@@ -284,9 +310,50 @@ class Bench:
         return {"load": os.getloadavg()[0], "total": ran - posted, "post": answered - posted, "claimed": claimed - created,
                 "started": begun - created, "process_after_started": ran - begun}
 
+    # -- idle workers ------------------------------------------------------------------------------
+
+    def open_idle_polls(self) -> float:
+        """`--idle` workers of project `idle` say hello and keep their three long-polls open (each poll
+        again as soon as one ends, as the worker does); returns the seconds until every job poll waits."""
+        import threading
+
+        self.idle_stop = threading.Event()
+        started = time.perf_counter()
+        since = self.listeners()[1]
+        for n in range(self.idle):
+            worker_id = f"idle-{n}"
+            self.idle_api("/api/worker/hello", {"worker_id": worker_id, "version": "0.1.0", "hostname": worker_id,
+                                                "parallel_jobs": 1, "capabilities": ["checks", "reads", "jobs"]})
+            for what in ("checks/claim", "reads/claim", "claim"):
+                thread = threading.Thread(target=self._idle_poll, args=(f"/api/worker/{what}", worker_id),
+                                          daemon=True)
+                thread.start()
+                self.idle_polls.append(thread)
+        wait_until(lambda: self.listeners()[0] >= self.idle and self.listeners()[1] >= since + self.idle, 300,
+                   f"{self.idle} idle job long-polls waiting", interval=0.1)
+        return time.perf_counter() - started
+
+    def _idle_poll(self, path: str, worker_id: str) -> None:
+        while not self.idle_stop.is_set():
+            try:
+                self.idle_api(path, {"worker_id": worker_id, "wait": 20, "active_job_ids": []}, timeout=60)
+            except OSError as exc:
+                self.idle_errors = getattr(self, "idle_errors", 0) + 1
+                print(f"idle poll {path} of {worker_id}: {exc}", file=sys.stderr)
+                self.idle_stop.wait(1)
+
+    def idle_api(self, path: str, body: dict, timeout: float = 30) -> dict:
+        request = urllib.request.Request(f"{self.url}{path}", method="POST", data=json.dumps(body).encode(),
+                                         headers={"Authorization": f"Bearer {self.idle_token}",
+                                                  "Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=timeout) as answer:
+            return json.loads(answer.read())
+
     def close(self) -> None:
         from tests.support import kill_processes_under
 
+        if self.idle_stop is not None:
+            self.idle_stop.set()
         stop(self.worker)
         stop(self.server)
         for path in self.dirs:  # supervisors and job code left by the worker, on both computers
@@ -359,13 +426,22 @@ def baselines(bench: Bench, count: int) -> dict[str, list[float]]:
 
 # The run --------------------------------------------------------------------------------------------
 
-def run(bench: Bench, jobs: int, cold: int) -> None:
-    print(f"load average at start: {_load()}; warm jobs per computer: {jobs}; worker restarts per computer: {cold}")
+def run(bench: Bench, jobs: int, cold: int, idle: int = 0) -> None:
+    print(f"load average at start: {_load()}; warm jobs per computer: {jobs}; worker restarts per computer: {cold}; "
+          f"gunicorn gthread 2 x {bench.threads} threads; MADO_DB_POOL_SIZE={SERVER_ENV.get('MADO_DB_POOL_SIZE', 0)}")
     base = baselines(bench, jobs)
     first_poll = bench.start_worker()
     results = {"first ssh": [bench.dispatch(bench.ssh)], "first local": [bench.dispatch(bench.local)]}
     for kind, computer in (("ssh", bench.ssh), ("local", bench.local)):
         results[f"warm {kind}"] = [bench.dispatch(computer) for _ in range(jobs)]
+    if idle:
+        opened = bench.open_idle_polls()
+        print(f"{idle} idle workers ({idle * 3} long-polls) waiting after {opened:.1f} s; database sessions: "
+              f"{database_sessions()}")
+        for kind, computer in (("ssh", bench.ssh), ("local", bench.local)):
+            results[f"warm {kind} with {idle} idle"] = [bench.dispatch(computer) for _ in range(jobs)]
+        print(f"database sessions after: {database_sessions()}; idle poll errors: {getattr(bench, 'idle_errors', 0)}")
+        bench.idle_stop.set()
     restarts = []
     for kind, computer in (("ssh", bench.ssh), ("local", bench.local)):
         results[f"cold {kind}"] = []
@@ -374,6 +450,14 @@ def run(bench: Bench, jobs: int, cold: int) -> None:
             results[f"cold {kind}"].append(bench.dispatch(computer))
     base_after = baselines(bench, jobs)  # the load moves: the baselines once before, once after the jobs
     report(results, {k: base[k] + base_after[k] for k in base}, [first_poll, *restarts])
+
+
+def database_sessions() -> int:
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = %s", [DB])
+        return cursor.fetchone()[0]
 
 
 def _load() -> str:
@@ -419,6 +503,12 @@ def report(results: dict[str, list[dict]], base: dict[str, list[float]], restart
           f"a local spawn of the one-liner")
     print(f"cold ssh p50 {_ms(cold_ssh)}: {cold_ssh / fresh:.2f}x a fresh connect + exec "
           f"(goal <= {GOAL_COLD_SSH_X_FRESH:g}x)")
+    for kind in ("ssh", "local"):
+        idle = [name for name in results if name.startswith(f"warm {kind} with ")]
+        if idle:
+            busy = statistics.median(r["total"] for r in results[idle[0]])
+            quiet = statistics.median(r["total"] for r in results[f"warm {kind}"])
+            print(f"{idle[0]} p50 {_ms(busy)}: {busy / quiet:.2f}x without them (goal <= {GOAL_IDLE_X:g}x)")
 
 
 if __name__ == "__main__":

@@ -3,6 +3,9 @@
 Uploads are streamed to disk outside any database transaction; rows are updated in short ones."""
 from __future__ import annotations
 
+import hashlib
+import json
+import logging
 import os
 import re
 import uuid
@@ -10,6 +13,8 @@ from pathlib import Path
 
 from django.conf import settings
 from django.db import transaction
+from django.db.models import Count, F, Q, Sum, Value
+from django.db.models.functions import Concat
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 from django.utils.translation import gettext as _
@@ -24,6 +29,7 @@ from mado.services import Actor, audit
 from worker_agent import results
 
 GZIP_MAGIC = b"\x1f\x8b"
+log = logging.getLogger(__name__)
 
 
 # result.json `datasets` and `models` ------------------------------------------------------------
@@ -241,6 +247,148 @@ def _finish_artifact(job: Job, artifact: Artifact, part: Path, received: int) ->
         artifact.complete = True
         artifact.save(update_fields=["received_bytes", "file", "complete"])
     return artifact
+
+
+# Many small artifacts in one request -----------------------------------------------------------
+# The body is a sequence of frames, each a header line `{"path": …, "size": N}` and then exactly N
+# bytes (worker_agent.core.outputs writes it). A tar stream was the other candidate: its length cannot be
+# told before it is written (long names, padding), and the request needs a Content-Length.
+
+BATCH_MAX_FILES = 2000
+BATCH_MAX_BYTES = 256 << 20
+BATCH_HEADER_MAX = 4096  # one header line: the path (at most 1024 characters, JSON-escaped) and the size
+BATCH_COMMIT_EVERY = 200  # verified files are marked complete in groups: one UPDATE each, not one per file
+
+
+def receive_batch(job: Job, readable, length) -> dict:
+    """Store many declared artifacts sent as frames (see above) in one request body of `length` bytes.
+    Each file is written aside, checked against its declared size and sha256, then moved into place;
+    verified files are marked complete as the stream goes, so a request cut halfway keeps them and the
+    declaration resent afterwards lists only the rest. Files already complete are read past. Returns
+    {confirmed: [paths], received_bytes}; bad input raises a ServiceError naming the file (what came
+    before it stays stored)."""
+    try:
+        length = int(length)
+    except (TypeError, ValueError):
+        raise ServiceError(_("Send the batch with a Content-Length."), "length_required", status=411) from None
+    if length > BATCH_MAX_BYTES + BATCH_MAX_FILES * BATCH_HEADER_MAX:
+        raise ServiceError(_("A batch holds at most %(files)d files and %(mib)d MiB; send the rest in another one.")
+                           % {"files": BATCH_MAX_FILES, "mib": BATCH_MAX_BYTES >> 20}, "batch_too_large", status=413)
+    declared = {path: (pk, size, digest, complete) for pk, path, size, digest, complete
+                in job.artifacts.values_list("pk", "path", "size", "sha256", "complete")}
+    prefix = f"artifacts/{job.project_id}/{job.pk}/"
+    scratch = media("partial")
+    scratch.mkdir(parents=True, exist_ok=True)
+    made: set[Path] = set()
+    confirmed: list[str] = []
+    verified: list[int] = []
+    seen: set[int] = set()
+    stored = skipped = 0
+    try:
+        while True:
+            line = readable.readline(BATCH_HEADER_MAX)
+            if not line:
+                break
+            if len(confirmed) >= BATCH_MAX_FILES:
+                raise ServiceError(_("A batch holds at most %(files)d files; send the rest in another one.")
+                                   % {"files": BATCH_MAX_FILES}, "batch_too_large", status=413)
+            path, size = _frame_header(line)
+            entry = declared.get(path)
+            if entry is None:
+                raise ServiceError(_("%(path)s is not declared in this job's result.json; declare it first.")
+                                   % {"path": path}, "artifact_not_declared")
+            pk, declared_size, digest, complete = entry
+            if size != declared_size:
+                raise ServiceError(_("%(path)s is %(size)d bytes in the batch but declared as %(declared)d.")
+                                   % {"path": path, "size": size, "declared": declared_size}, "size_mismatch")
+            if complete or pk in seen:
+                _skip(readable, size, path)
+                skipped += size
+            else:
+                target = media(prefix + path)
+                if target.parent not in made:
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    made.add(target.parent)
+                _receive_entry(readable, scratch / f"batch-{uuid.uuid4().hex}", target, path, size, digest)
+                verified.append(pk)
+                seen.add(pk)
+                stored += size
+                if len(verified) % BATCH_COMMIT_EVERY == 0:
+                    _mark_complete(verified[-BATCH_COMMIT_EVERY:], prefix)
+            confirmed.append(path)
+    finally:
+        _mark_complete(verified[len(verified) - len(verified) % BATCH_COMMIT_EVERY:], prefix)
+        log.info("job %s: batch of %d file(s): %d stored (%d bytes), %d bytes already stored", job.pk,
+                 len(confirmed), len(verified), stored, skipped)
+    return {"confirmed": confirmed, "received_bytes": stored}
+
+
+def _frame_header(line: bytes) -> tuple[str, int]:
+    try:
+        header = json.loads(line)
+        path, size = header["path"], header["size"]
+    except (ValueError, TypeError, KeyError):
+        raise ServiceError(_('Each file in a batch starts with a line {"path": …, "size": …}; this one does not.'),
+                           "invalid_batch") from None
+    if not isinstance(path, str) or isinstance(size, bool) or not isinstance(size, int) or size < 0:
+        raise ServiceError(_('Each file in a batch starts with a line {"path": …, "size": …}; this one does not.'),
+                           "invalid_batch")
+    if path.startswith("/") or "\0" in path or ".." in path.split("/"):
+        raise ServiceError(_("%(path)s is not a path inside the outputs directory.") % {"path": path},
+                           "artifact_not_declared")
+    return path, size
+
+
+def _truncated(path: str) -> ServiceError:
+    return ServiceError(_("The batch ended in the middle of %(path)s; send the files not confirmed again.")
+                        % {"path": path}, "batch_truncated", status=400)
+
+
+def _skip(readable, size: int, path: str) -> None:
+    while size > 0:
+        block = readable.read(min(size, storage.CHUNK))
+        if not block:
+            raise _truncated(path)
+        size -= len(block)
+
+
+def _receive_entry(readable, part: Path, target: Path, path: str, size: int, digest: str) -> None:
+    """`size` bytes of the body into `target`, through `part`, if they match `digest`."""
+    hasher = hashlib.sha256()
+    left = size
+    try:
+        with open(part, "wb") as out:
+            while left > 0:
+                block = readable.read(min(left, storage.CHUNK))
+                if not block:
+                    raise _truncated(path)
+                hasher.update(block)
+                out.write(block)
+                left -= len(block)
+        if hasher.hexdigest() != digest:
+            raise ServiceError(_("The bytes of %(path)s do not match its declared sha256; upload it again.")
+                               % {"path": path}, "sha256_mismatch")
+        os.replace(part, target)
+    finally:
+        storage.remove(part)
+
+
+def _mark_complete(pks: list[int], prefix: str) -> None:
+    if pks:
+        Artifact.objects.filter(pk__in=pks, complete=False).update(
+            complete=True, received_bytes=F("size"), file=Concat(Value(prefix), F("path")))
+
+
+def upload_progress(job: Job) -> dict | None:
+    """{files, total_files, bytes, total_bytes} while a declared job's artifacts arrive; None before the
+    declaration and once all are stored. One query."""
+    if not job.result:
+        return None
+    totals = job.artifacts.aggregate(total_files=Count("pk"), files=Count("pk", filter=Q(complete=True)),
+                                     total_bytes=Sum("size"), bytes=Sum("received_bytes"))
+    if not totals["total_files"] or totals["files"] == totals["total_files"]:
+        return None
+    return {key: value or 0 for key, value in totals.items()}
 
 
 def register_declared(job: Job) -> None:

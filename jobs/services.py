@@ -89,7 +89,7 @@ def create_job(actor: Actor, project, data: dict) -> Job:
               after={"computer": job.target.name, "runtime": job.runtime, "gpu_ids": job.gpu_ids,
                      **_cluster_audit(job)})
         hooks.run_after_create(actor, job, data)  # e.g. notify_me (jobs.hooks); refusing rolls the Job back
-    notify(JOBS_CHANNEL)
+    notify(JOBS_CHANNEL, topic=str(project.pk))  # only this project's workers may claim it
     executor = executors.executor_for(job.target.kind)
     if executor is not None:
         executor.created(job)
@@ -290,6 +290,23 @@ def claim_job(worker: Worker, active_job_ids: list[int]) -> tuple[Job, str | Non
     return None
 
 
+# Past this many projects with queued jobs, one wake-up for every waiting claim is cheaper than one each.
+WAKE_PROJECTS_AT_MOST = 50
+
+
+def wake_claims(*project_ids: int) -> None:
+    """Room was freed (a job ended, went back to the queue, a worker left): wake the claims that may use
+    it — those of `project_ids` (a worker waiting with the ended job learns it at once) and of every
+    project with queued jobs — not every worker of the server (workers.longpoll topics)."""
+    queued = set(Job.objects.filter(status=JobStatus.QUEUED).order_by().values_list("project_id", flat=True)
+                 .distinct()[:WAKE_PROJECTS_AT_MOST + 1])
+    if len(queued) > WAKE_PROJECTS_AT_MOST:
+        notify(JOBS_CHANNEL)
+        return
+    for project_id in sorted(queued | set(project_ids)):
+        notify(JOBS_CHANNEL, topic=str(project_id))
+
+
 def _served_ids(worker: Worker) -> set[int]:
     return set(computer_access.served_by_worker(worker.account).values_list("pk", flat=True))
 
@@ -415,7 +432,7 @@ def requeue_unstarted(*, force: bool = False) -> list[int]:
             _count_active(worker)
         requeued.append(pk)
     if requeued:
-        notify(JOBS_CHANNEL)
+        wake_claims()
     return requeued
 
 
@@ -467,7 +484,7 @@ def worker_stopping(worker: Worker) -> list[int]:
             released.append(job.pk)
         _count_active(worker)
     if released:
-        notify(JOBS_CHANNEL)
+        wake_claims(worker.project_id)
     return released
 
 
@@ -492,7 +509,7 @@ def mark_lost(actor: Actor, job: Job) -> Job:
               after={"status": JobStatus.FAILED, "end_reason": EndReason.WORKER_LOST,
                      "worker": worker.worker_id if worker else None})
         _count_active(worker)
-    notify(JOBS_CHANNEL)
+    wake_claims(job.project_id)
     return job
 
 
@@ -639,7 +656,7 @@ def complete(worker: Worker, job_id: int, *, lease_id, status: str, exit_code=No
               after={"status": status, "end_reason": reason, "exit_code": exit_code,
                      **({"replica": replica} if replica else {})})
         _count_active(worker)
-    notify(JOBS_CHANNEL)
+    wake_claims(job.project_id)
     return job
 
 
@@ -677,7 +694,7 @@ def request_stop(actor: Actor, job: Job) -> Job:
                   after={"status": JobStatus.CANCELED, "end_reason": EndReason.CANCELED, "exit_code": None})
         elif job.status in SITE_ACTIVE_STATUSES and executors.executor_for(job.target.kind) is not None:
             executors.executor_for(job.target.kind).stop(actor, job)
-    notify(JOBS_CHANNEL)
+    wake_claims(job.project_id)
     return job
 
 

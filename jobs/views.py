@@ -17,6 +17,7 @@ from django.core.paginator import Paginator
 from django.db.models import Count, Max
 from django.http import FileResponse, Http404, HttpResponse, StreamingHttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
+from django.template.defaultfilters import filesizeformat
 from django.template.loader import render_to_string
 from django.urls import reverse
 from django.utils import timezone
@@ -25,7 +26,7 @@ from django.utils.translation import gettext as _
 from django.views.decorators.http import require_GET, require_http_methods
 from django_htmx.http import HttpResponseStopPolling
 
-from jobs import access, executors, inputs, page_blocks, services, timeline, waiting
+from jobs import access, executors, inputs, outputs, page_blocks, services, timeline, waiting
 from jobs.charts import job_charts
 from computers.choices import Kind
 from jobs.choices import ACTIVE_STATUSES, MAIN_REPLICA, JobStatus
@@ -248,7 +249,8 @@ def _panels(request, job: Job) -> dict:
     waiting_reason = waiting.reason(job)
     executor = executors.executor_for(job.target.kind) if job.target is not None else None
     error = executor.error_for(request.user, job) if executor else job.error
-    version = "|".join(map(str, [waiting_reason,
+    uploading = _upload_line(job)
+    version = "|".join(map(str, [waiting_reason, uploading,
         job.status, job.end_reason, job.exit_code, job.worker_id, job.target_id, job.stop_requested_at,
         job.is_unresponsive,
         job.started_at, job.finished_at, [e.pk for e in events][-1:], metric_stamp["n"], metric_stamp["last"],
@@ -270,8 +272,19 @@ def _panels(request, job: Job) -> dict:
         "replicas": list(job.replicas.select_related("target")) if job.is_cluster else [],
         "input_versions": inputs.page_versions(job),
         "waiting_reason": waiting_reason,
+        "upload_progress": uploading,
         "version": hashlib.sha256(version.encode()).hexdigest()[:16],
     }
+
+
+def _upload_line(job: Job) -> str:
+    """The line "Uploading outputs: 1,234 of 10,000 files, …" while a running job's declared outputs arrive."""
+    progress = outputs.upload_progress(job) if not job.is_terminal else None
+    if progress is None:
+        return ""
+    return _("Uploading outputs: %(files)s of %(total_files)s files, %(bytes)s of %(total_bytes)s") % {
+        "files": f"{progress['files']:,}", "total_files": f"{progress['total_files']:,}",
+        "bytes": filesizeformat(progress["bytes"]), "total_bytes": filesizeformat(progress["total_bytes"])}
 
 
 def _claimer(job: Job, events: list, submitter: str | None) -> dict:

@@ -266,6 +266,14 @@ class ApiClient:
                              read_timeout=READ_TIMEOUT * 4)
         return self._answer("PUT", "worker/jobs/…/artifacts", response)
 
+    def put_artifacts_batch(self, job_id: int, worker_id: str, lease_id: str, body) -> dict:
+        """PUT many small artifacts in one request: `body` is worker_agent.core.outputs.FramedBody (frames of
+        many files, file-like with `__len__`, streamed). Answers {confirmed: [paths], received_bytes}."""
+        response = self._raw("PUT", f"worker/jobs/{int(job_id)}/artifacts-batch",
+                             params={"worker_id": worker_id, "lease_id": lease_id}, data=body,
+                             headers={"Content-Type": "application/octet-stream"}, read_timeout=READ_TIMEOUT * 4)
+        return self._answer("PUT", "worker/jobs/…/artifacts-batch", response)
+
     def download_source(self, job_id: int, worker_id: str, lease_id: str, out) -> int:
         """Write the job's source archive into the binary file `out`; returns its size."""
         response = self._raw("GET", f"worker/jobs/{int(job_id)}/source",

@@ -59,11 +59,12 @@ import time
 from collections import deque
 from datetime import UTC, datetime
 
-from worker_agent import authorized_keys, dataset_transfer, jobenv, replica_ssh
+from worker_agent import authorized_keys, dataset_transfer, gpu_remote, jobenv, replica_ssh
 from worker_agent.api import ApiClient, ApiError, ApiUnavailable, Backoff, FatalApiError
 from worker_agent.config import WorkerConfig
 from worker_agent.journal import JobJournal
 from worker_agent.remote_files import RemoteFileError, RemoteRange, fetch_source, list_outputs
+from worker_agent.core import outputs as core_outputs
 from worker_agent.core.lifecycle import conclude, invalid_result, send_outputs, signal_name, upload
 from worker_agent.results import WORKER_LIMIT_SETTING, too_many_files
 from worker_agent.runtimes import CONTAINER_RUNTIMES, RuntimeRefused, build_spec, read_facts
@@ -203,6 +204,8 @@ class JobRunner:
         self._forgotten = False
         self.telemetry_step = 0
         self.sampled_at = float("-inf")
+        self.gpu_sampler: threading.Thread | None = None  # nvidia-smi on the target (worker_agent.gpu_remote)
+        self.gpu_waiting: str | None = None  # why the job waits for its GPUs (a process outside Mado)
         self.thread = threading.Thread(target=self.main, name=f"job-{self.id}", daemon=True)
         self.heartbeat_thread = threading.Thread(target=self.heartbeats, name=f"job-{self.id}-heartbeat", daemon=True)
 
@@ -364,6 +367,7 @@ class JobRunner:
                 self.save(completion={"status": "canceled", "end_reason": "canceled"})
                 return
             spec = self.prepare()
+            self.wait_for_free_gpus()
             with self._lock:
                 if self.cancel_requested:
                     self.save(completion={"status": "canceled", "end_reason": "canceled"})
@@ -401,6 +405,39 @@ class JobRunner:
     def cluster_spec(self) -> dict | None:
         """`build_spec`'s `cluster` argument: none for an ordinary job (see ReplicaRunner)."""
         return None
+
+    def wait_for_free_gpus(self) -> None:
+        """Reservations hold only between this app's Jobs (seed 002): a process outside Mado on one of
+        the job's GPUs (someone over SSH, another scheduler) makes the job wait, still claimed, looking
+        again every few seconds for up to MMT_WORKER_GPU_BUSY_WAIT seconds; then it fails to start with
+        the reason. A process of a Mado job (MMT_JOB_ID in its environment) does not count. Without a
+        working nvidia-smi on the target nothing is checked (said once in the log)."""
+        limit = self.manager.gpu_busy_wait
+        if not self.gpu_ids or limit <= 0:
+            return
+        deadline = time.monotonic() + limit
+        said = None
+        while not self.cancel_requested:
+            sample = self.on_target(lambda c: gpu_remote.sample_once(c, self.python),
+                                    "looking at the processes on the job's GPUs")
+            if sample.error:
+                log.info("job %s: its GPUs were not checked for processes outside Mado: %s", self.id, sample.error)
+                break
+            foreign = sample.foreign(self.gpu_ids)
+            if not foreign:
+                if said:
+                    log.info("job %s: its GPUs are free of processes outside Mado now; starting it", self.id)
+                break
+            reason = gpu_remote.busy_reason(foreign)
+            self.gpu_waiting = reason
+            if reason != said:
+                log.warning("job %s waits (claimed): %s", self.id, reason)
+                said = reason
+            if time.monotonic() >= deadline:
+                raise StartFailed(f"{reason}. The job waited {limit:.0f} s ({gpu_remote.BUSY_WAIT_SETTING}) for it "
+                                  "to end; run it again once the GPU is free, or choose other GPUs.")
+            self.pause(max(0.05, min(gpu_remote.BUSY_RECHECK_SECONDS, deadline - time.monotonic())))
+        self.gpu_waiting = None
 
     def confirm_start(self) -> None:
         """A `running` heartbeat before the process starts, answered by the server: after it the job is
@@ -631,7 +668,8 @@ class JobRunner:
             return invalid_result(error)
         # The server applies this worker's limit up to its own maximum (MADO_MAX_OUTPUT_FILES).
         return send_outputs(listing, max_files=limit, limit_setting=WORKER_LIMIT_SETTING, note=self.note,
-                            upload=self.upload, declare=lambda result, files, manifest: self.call(
+                            upload=self.upload, upload_batch=self.upload_batch, gone=lease_gone, pause=self.pause,
+                            cap=10.0, transient=TRANSIENT, declare=lambda result, files, manifest: self.call(
                                 lambda: self.api.job_outputs(self.id, self.config.worker_id, self.lease, result, files,
                                                              manifest, max_files=limit), "outputs"))
 
@@ -653,6 +691,19 @@ class JobRunner:
                    pause=self.pause, cap=10.0)
         except ApiError as exc:  # only a lost lease gets through (FatalApiError is a 401/403)
             raise LeaseRejected(f"{exc.status} {exc.code}: {exc}") from None
+
+    def upload_batch(self, files: list[dict]) -> dict:
+        """Many small outputs in one request, read on the target by one program over one channel."""
+        self.check()
+        stream = self.connection().stream([self.python, "-I", "-c", core_outputs.FRAMES_SCRIPT,
+                                           f"{self.job_dir}/outputs"], stdin=json.dumps(files).encode(), timeout=60)
+        with core_outputs.FramedBody(files, stream) as body:
+            try:
+                return self.api.put_artifacts_batch(self.id, self.config.worker_id, self.lease, body)
+            except ApiError as exc:
+                if isinstance(exc, FatalApiError) or lease_gone(exc):
+                    raise LeaseRejected(f"{exc.status} {exc.code}: {exc}") from None
+                raise
 
     def deliver(self) -> bool:
         """Send the completion; False when the outputs must be sent again first."""
@@ -1389,6 +1440,7 @@ class JobManager:
         self.stop_event = stop_event
         self.journal = journal or JobJournal(config.state_dir)
         self.telemetry = telemetry or GpuTelemetry()
+        self.gpu_busy_wait = gpu_remote.busy_wait_seconds()
         self.on_fatal = on_fatal or (lambda exc: stop_event.set())
         self.runners: dict[int, JobRunner] = {}
         self.cond = threading.Condition()
@@ -1554,14 +1606,23 @@ class JobManager:
             self.cond.wait_for(lambda: self.stop_event.is_set() or not job_ids & set(self.runners), timeout=timeout)
 
     def telemetry_loop(self) -> None:
-        """A sample of each running job's GPUs as soon as it runs, then every INTERVAL_SECONDS."""
+        """A sample of each running job's GPUs as soon as it runs, then every INTERVAL_SECONDS: through
+        NVML when the job's computer is this machine and NVML works, otherwise with nvidia-smi on the
+        computer over its connection (`sample_remote`, one long-lived command per job)."""
         while not self.stop_event.wait(1.0):
             now = time.monotonic()
+            nvml = self.telemetry.available
             with self.cond:
-                due = [r for r in self.runners.values()
-                       if r.started and r.gpu_ids and not r.done.is_set() and same_machine(r.computer)
-                       and now - r.sampled_at >= INTERVAL_SECONDS]
-            if not due or not self.telemetry.available:
+                running = [r for r in self.runners.values()
+                           if r.started and r.gpu_ids and not r.done.is_set() and not is_cluster(r.job)]
+            for runner in running:
+                if (not (nvml and same_machine(runner.computer)) and runner.gpu_sampler is None
+                        and runner.record.get("final") is None):
+                    runner.gpu_sampler = threading.Thread(target=self.sample_remote, args=(runner,),
+                                                          name=f"job-{runner.id}-gpus", daemon=True)
+                    runner.gpu_sampler.start()
+            due = [r for r in running if nvml and same_machine(r.computer) and now - r.sampled_at >= INTERVAL_SECONDS]
+            if not due:
                 continue
             stamp = now_iso()
             for runner in due:
@@ -1575,6 +1636,49 @@ class JobManager:
                                          metric_points(values, runner.telemetry_step, stamp))
                 except ApiError as exc:
                     log.debug("job %s: GPU metrics not delivered: %s", runner.id, exc)
+
+    def sample_remote(self, runner: JobRunner) -> None:
+        """The job's GPUs from nvidia-smi on its computer while it runs: one probe (gpu_remote.PROBE)
+        printing a line every INTERVAL_SECONDS over the connection the worker holds, started again
+        after the connection breaks. A probe that cannot read the GPUs (no nvidia-smi, no devices) is
+        said once and not tried again for this job."""
+        def over() -> bool:
+            return self.stop_event.is_set() or runner.done.is_set() or runner.record.get("final") is not None
+
+        failures = 0
+        argv = gpu_remote.probe_command(runner.python, INTERVAL_SECONDS)
+        try:
+            while not over():
+                try:
+                    connection = self.pool.get(Target.from_api(runner.computer))
+                    # StreamStalled (a ConnectionError) when no line came for three intervals and a minute.
+                    with connection.stream(argv, timeout=3 * INTERVAL_SECONDS + 60) as stream:
+                        for line in gpu_remote.read_lines(stream, over):
+                            sample = gpu_remote.parse_line(line)
+                            if sample.error:
+                                log.info("job %s: no GPU telemetry from %s: %s", runner.id,
+                                         runner.computer.get("name"), sample.error)
+                                return
+                            failures = 0
+                            self.post_gpu_sample(runner, sample)
+                except TRANSIENT as exc:
+                    log.debug("job %s: GPU telemetry stream interrupted: %s", runner.id, exc)
+                if over():
+                    break
+                failures += 1
+                self.stop_event.wait(min(60.0, 2.0 * 2 ** min(failures, 5)))
+        finally:
+            self.api.close()  # this thread's HTTP session
+
+    def post_gpu_sample(self, runner: JobRunner, sample: gpu_remote.Sample) -> None:
+        points = gpu_remote.metric_points(sample, runner.gpu_ids, runner.telemetry_step + 1, now_iso())
+        if not points:
+            return
+        runner.telemetry_step += 1
+        try:
+            self.api.job_metrics(runner.id, self.config.worker_id, runner.lease, points)
+        except ApiError as exc:
+            log.debug("job %s: GPU metrics not delivered: %s", runner.id, exc)
 
     def start_threads(self) -> list[threading.Thread]:
         threads = [threading.Thread(target=self.claim_loop, name="jobs", daemon=True),

@@ -19,6 +19,8 @@ urlpatterns = [
     path("worker/jobs/<int:job_id>/logs", views.JobLogsView.as_view(), name="api-worker-job-logs"),
     path("worker/jobs/<int:job_id>/metrics", views.JobMetricsView.as_view(), name="api-worker-job-metrics"),
     path("worker/jobs/<int:job_id>/outputs", views.JobOutputsView.as_view(), name="api-worker-job-outputs"),
+    path("worker/jobs/<int:job_id>/artifacts-batch", views.JobArtifactBatchView.as_view(),
+         name="api-worker-job-artifact-batch"),
     path("worker/jobs/<int:job_id>/artifacts/<path:path>", views.JobArtifactUploadView.as_view(),
          name="api-worker-job-artifact"),
     path("worker/jobs/<int:job_id>/source", views.JobSourceView.as_view(), name="api-worker-job-source"),

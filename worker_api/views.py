@@ -258,7 +258,7 @@ class JobClaimView(WorkerView):
         active = _active_ids(self.body())
         try:
             claimed = wait_for(lambda: job_services.claim_job(worker, active), self.wait_seconds(),
-                               job_services.JOBS_CHANNEL)
+                               job_services.JOBS_CHANNEL, topic=str(worker.project_id))
         except job_services.ActiveJobsEnded as wake:
             # A wake-up, not a conflict: the worker has room again and claims at once.
             return Response({"item": None, "reason": wake.reason, "ended_job_ids": wake.job_ids},
@@ -361,6 +361,18 @@ class JobArtifactUploadView(QueryLeaseMixin, WorkerView):
         artifact = outputs.receive_artifact(job, path, request._request, request.headers.get("Content-Range"))
         return Response({"path": artifact.path, "received_bytes": artifact.received_bytes,
                          "complete": artifact.complete})
+
+
+class JobArtifactBatchView(QueryLeaseMixin, WorkerView):
+    """Many small declared artifacts in one body of frames (jobs.outputs.receive_batch); answers which
+    files it confirmed."""
+    required_scopes = {"PUT": Scope.WORKER_EXECUTE}
+
+    @extend_schema(request={"application/octet-stream": OpenApiTypes.BINARY}, responses=OpenApiTypes.OBJECT,
+                   parameters=lease_query())
+    def put(self, request, job_id):
+        job = self.query_leased(request, job_id)
+        return Response(outputs.receive_batch(job, request._request, request.META.get("CONTENT_LENGTH")))
 
 
 class JobSourceView(QueryLeaseMixin, WorkerView):

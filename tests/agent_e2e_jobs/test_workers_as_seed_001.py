@@ -8,15 +8,15 @@ from __future__ import annotations
 import time
 import uuid
 
-from django.db import connection
 from django.test import Client
 
 from computers.models import ComputeTarget
-from jobs.models import Job, JobEvent
+from jobs.models import JobEvent
 from mado import services
 from mado.choices import Role, TokenKind
 from tests.agent_e2e_jobs.conftest import WorkerProcess, wait_until
 from tests.conftest import WORKER_SCOPES
+from workers import longpoll
 
 
 def start(e2e, worker_id: str, token: str | None = None, **env) -> WorkerProcess:
@@ -34,18 +34,15 @@ def claimed_by(job) -> list[str]:
             JobEvent.objects.filter(job_id=job.pk, kind="claimed").order_by("pk").values_list("message", flat=True)]
 
 
-def job_listeners() -> set[int]:
-    """Backends waiting in a job claim's long-poll (jobs' LISTEN connection, workers.longpoll)."""
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
-                       "AND query = 'LISTEN \"mado_jobs\"'")
-        return {row[0] for row in cursor.fetchall()}
+def job_long_polls_opened() -> int:
+    """Job-claim long-polls the live server (in this process, workers.longpoll) has opened so far."""
+    return longpoll.hub().parked("mado_jobs")[1]
 
 
 def fresh_long_poll(worker: WorkerProcess) -> None:
     """Wait until the worker has just opened a new job-claim long-poll (so it has seconds left)."""
-    before = job_listeners()
-    wait_until(lambda: job_listeners() - before, timeout=30, interval=0.02,
+    before = job_long_polls_opened()
+    wait_until(lambda: job_long_polls_opened() > before, timeout=30, interval=0.02,
                what=f"a new claim long-poll ({worker.output()[-2000:]})")
 
 

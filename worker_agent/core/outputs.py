@@ -1,6 +1,9 @@
-"""A job's outputs directory read as the result.json validator wants it. The site runner calls
-`read_outputs` in-process; the worker sends it (with results.walk_outputs and file_sha256) as program
-text to SSH targets (worker_agent.remote_files): no annotations, only json, os and stat there."""
+"""A job's outputs directory read as the result.json validator wants it, and its small files sent as
+frames for one batch upload (`FRAMES_SCRIPT`, `FramedBody`). The site runner calls `read_outputs` and
+`iter_frames` in-process; the worker sends them (with results.walk_outputs and file_sha256) as program
+text to SSH targets (worker_agent.remote_files, FRAMES_SCRIPT): no annotations, only json, os and stat
+there."""
+import inspect
 import json
 import os
 import stat
@@ -45,3 +48,90 @@ def read_outputs(root, max_files):
         if isinstance(name, str) and name in listed and ".." not in name.split("/") and not name.startswith("/"):
             manifest = read_limited(os.path.join(root, name), max_files * 4096)  # results.decode_manifest's limit
     return {"files": files, "result": result, "manifest": manifest, "too_many": too_many}
+
+
+def frame_header(path, size):
+    return (json.dumps({"path": path, "size": size}) + "\n").encode("ascii")
+
+
+def iter_frames(root, files):
+    """Each of `files` ([{path, size}] under `root`) as a header line and exactly `size` bytes
+    (jobs.outputs.receive_batch reads them). A file that changed since it was listed is cut or padded
+    with zeros, so the frames keep their length: the server's sha256 check refuses its bytes."""
+    for entry in files:
+        path, left = entry["path"], int(entry["size"])
+        yield frame_header(path, left)
+        try:
+            fd = os.open(os.path.join(root, *path.split("/")), os.O_RDONLY | os.O_NOFOLLOW)
+        except OSError:
+            fd = None
+        if fd is not None:
+            with os.fdopen(fd, "rb") as source:
+                while left > 0:
+                    data = source.read(min(left, 1 << 20))
+                    if not data:
+                        break
+                    left -= len(data)
+                    yield data
+        while left > 0:
+            yield bytes(min(left, 1 << 20))
+            left -= min(left, 1 << 20)
+
+
+def frames_length(files):
+    return sum(len(frame_header(f["path"], int(f["size"]))) + int(f["size"]) for f in files)
+
+
+# argv: the outputs directory; stdin: the JSON list of {path, size}; stdout: the frames.
+FRAMES_SCRIPT = "import json, os, sys\n" + inspect.getsource(frame_header) + inspect.getsource(iter_frames) + """
+out = sys.stdout.buffer
+for chunk in iter_frames(sys.argv[1], json.loads(sys.stdin.buffer.read())):
+    out.write(chunk)
+out.flush()
+"""
+
+
+class FramedBody:
+    """The frames of `files` as an upload body (`read(n)`, `__len__`: sent with a Content-Length,
+    streamed). `source` is what produces them: an iterator of byte strings (`iter_frames`, in-process) or
+    a stream with `read(n)` (FRAMES_SCRIPT's stdout over the job's connection, with `close()`). A source
+    that ends early raises OSError rather than sending less."""
+
+    def __init__(self, files, source):
+        self.length = frames_length(files)
+        self._left = self.length
+        self._source = source
+        self._buffer, self._at = b"", 0
+
+    def __len__(self):
+        return self.length
+
+    def _more(self):
+        if hasattr(self._source, "read"):
+            return self._source.read(1 << 20)
+        return next(self._source, b"")
+
+    def read(self, n=-1):
+        """At most `n` bytes (fewer at the end of a block: the HTTP client reads until the length is sent)."""
+        if self._left <= 0:
+            return b""
+        if self._at >= len(self._buffer):
+            self._buffer, self._at = self._more(), 0
+            if not self._buffer:
+                raise OSError(f"The outputs being sent ended {self._left} bytes early.")
+        n = self._left if n is None or n < 0 else min(n, self._left)
+        data = self._buffer[self._at:self._at + n]
+        self._at += len(data)
+        self._left -= len(data)
+        return data
+
+    def close(self):
+        close = getattr(self._source, "close", None)
+        if close is not None:
+            close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
