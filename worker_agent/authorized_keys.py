@@ -12,6 +12,8 @@ Standard library only: the worker sends this file's text to a replica's computer
   the whole line for an option it does not know).
 - `remove`: the lines of those tags go.
 - `worker` + `keep`: this worker's lines of jobs not in `keep` go (the sweep of jobs it no longer runs).
+- `expired: true`: every line of ours whose `expiry-time` has passed goes (the site runner's sweep of
+  lines whose runner was killed before it could remove them).
 
 Every other line is kept byte for byte. The file is rewritten atomically (a temporary file in the same
 directory, fsync, rename) with its mode, owner and group kept, under an flock, so two jobs editing at
@@ -32,6 +34,7 @@ import time
 TAG_PREFIX = "mado-job-"
 # The comment that ends every line of ours: the job's id and the worker that authorized it.
 TAG = re.compile(rb"(?:^|[ \t])mado-job-(\d+)@([A-Za-z0-9][A-Za-z0-9._-]{0,63})[ \t]*\r?$")
+EXPIRY = re.compile(rb'^expiry-time="(\d{12})"')
 OPTIONS = "no-agent-forwarding,no-X11-forwarding"
 LOCK_NAME = ".mado-authorized_keys.lock"
 EXPIRY_SINCE = (8, 2)  # OpenSSH's expiry-time= option
@@ -62,10 +65,11 @@ def split_lines(data: bytes) -> list[bytes]:
 
 
 def rewrite(data: bytes, *, add: bytes | None = None, remove=(), worker: str | None = None,
-            keep=None) -> tuple[bytes, int]:
+            keep=None, expired_before: str | None = None) -> tuple[bytes, int]:
     """The new content and how many lines of ours went (a replaced line is not counted). Lines not
     ours are never touched; a line of ours goes when its tag is in `remove`, when it is `worker`'s and
-    its job is not in `keep`, or when `add` carries the same tag (it is replaced)."""
+    its job is not in `keep`, when its expiry-time is before `expired_before` ("YYYYMMDDHHMM"), or when
+    `add` carries the same tag (it is replaced)."""
     add_tag = tag_of(add) if add else None
     removing = {tag_of(t.encode("ascii") if isinstance(t, str) else t) for t in remove} - {None}
     keep = None if keep is None else {int(k) for k in keep}
@@ -76,6 +80,10 @@ def rewrite(data: bytes, *, add: bytes | None = None, remove=(), worker: str | N
             continue  # replaced by `add`
         if tag is not None and (tag in removing or (worker is not None and keep is not None and tag[1] == worker
                                                     and tag[0] not in keep)):
+            removed += 1
+            continue
+        expiry = EXPIRY.match(line) if tag is not None and expired_before else None
+        if expiry and expiry.group(1).decode("ascii") < expired_before:
             removed += 1
             continue
         kept.append(line)
@@ -151,8 +159,9 @@ def apply(op: dict, home: str | None = None) -> dict:
                 data = handle.read()
         except FileNotFoundError:
             like, data = None, b""
+        now = time.strftime("%Y%m%d%H%M", time.localtime()) if op.get("expired") else None
         new, removed = rewrite(data, add=add, remove=op.get("remove") or (), worker=op.get("worker"),
-                               keep=op.get("keep"))
+                               keep=op.get("keep"), expired_before=now)
         if new != data:
             write_atomically(path, new, like)
     finally:

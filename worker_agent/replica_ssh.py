@@ -2,28 +2,31 @@
 "connect to the sub containers only from the main container … just by running `ssh sub1`").
 
 Per job the worker makes an Ed25519 key pair (`cryptography`, which paramiko depends on; no
-subprocess). Before any replica starts, each replica's computer authorizes the public key for the job's
-life only, over the worker's own SSH connection (worker_agent/authorized_keys.py runs there): one line in
-the SSH user's `~/.ssh/authorized_keys` with `expiry-time=` and the comment `mado-job-<id>@<worker>`. The
-worker removes it when the job ends (finished, failed, canceled, start failed, lease lost), and sweeps
-its lines of jobs it no longer runs whenever it authorizes a new job there; a worker that never comes
-back leaves the line to its expiry time.
+subprocess; `ssh-keygen` only where `cryptography` is missing, as on a site's compute node). Before any
+replica starts, each replica's computer authorizes the public key for the job's life only, over the
+worker's own SSH connection (worker_agent/authorized_keys.py runs there): one line in the SSH user's
+`~/.ssh/authorized_keys` with `expiry-time=` and the comment `mado-job-<id>@<worker>`. The worker
+removes it when the job ends (finished, failed, canceled, start failed, lease lost), and sweeps its
+lines of jobs it no longer runs whenever it authorizes a new job there; a worker that never comes back
+leaves the line to its expiry time.
 
 Each replica's workspace gets `ssh/`: the private key (600), `known_hosts` with the host keys the worker
 already trusts for those computers under the replica names (`HostKeyAlias`), `config` with a `Host`
 block per replica, and `bin/ssh`, a wrapper that runs the real ssh with `-F config`; `ssh/bin` goes in
 front of PATH, so `ssh sub1`, `mpirun` (its rsh agent is `ssh` from PATH) and pdsh (DeepSpeed) use the
-replica names. Python runtime on SSH computers only: a container has no sshd of its own."""
+replica names. Python runtime on SSH computers only: a container has no sshd of its own.
+
+The site runner (worker_agent/site/runner.py, "ssh between replicas") uses this module too: it is bundled
+into the spec directory, so paramiko and cryptography are imported only where they are used."""
 from __future__ import annotations
 
 import json
 import logging
+import os
 import shlex
+import subprocess
+import tempfile
 from pathlib import Path
-
-import paramiko
-from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from worker_agent import authorized_keys, jobenv
 
@@ -61,12 +64,35 @@ def unsupported(job: dict) -> str | None:
 
 def new_key_pair(tag: str) -> dict:
     """{"private": OpenSSH private key text, "public": "ssh-ed25519 AAAA… <tag>"}."""
+    try:
+        from cryptography.hazmat.primitives import serialization
+        from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+    except ImportError:  # a site's Python without it: OpenSSH's own tool makes the same kind of key
+        return ssh_keygen_pair(tag)
     key = Ed25519PrivateKey.generate()
     private = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH,
                                 serialization.NoEncryption()).decode("ascii")
     public = key.public_key().public_bytes(serialization.Encoding.OpenSSH,
                                            serialization.PublicFormat.OpenSSH).decode("ascii")
     return {"private": private, "public": f"{public} {tag}"}
+
+
+def ssh_keygen_pair(tag: str) -> dict:
+    """`new_key_pair` made by `ssh-keygen -t ed25519` in a private temporary directory."""
+    with tempfile.TemporaryDirectory(prefix="mado-job-key-") as directory:
+        path = os.path.join(directory, "id_ed25519")
+        try:
+            ran = subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", tag, "-f", path],
+                                 capture_output=True, timeout=60, stdin=subprocess.DEVNULL, check=False)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise ReplicaSshError(f"no Ed25519 key could be made: neither the Python module cryptography nor "
+                                  f"ssh-keygen is usable here ({exc})") from None
+        if ran.returncode != 0:
+            tail = ran.stderr.decode("utf-8", "replace").strip().splitlines()[-1:]
+            raise ReplicaSshError(f"ssh-keygen could not make an Ed25519 key ({tail[0] if tail else ran.returncode})")
+        with open(path, encoding="ascii") as private, open(path + ".pub", encoding="ascii") as public:
+            words = public.read().split()
+            return {"private": private.read(), "public": f"{words[0]} {words[1]} {tag}"}
 
 
 def key_lifetime(walltime_seconds) -> int:
@@ -84,6 +110,8 @@ def host_label(computer: dict) -> str:
 def trusted_host_keys(computer: dict) -> list[tuple[str, str]]:
     """(key type, base64) of every host key the worker trusts for this computer (its known_hosts file
     on the worker machine, hashed names included)."""
+    import paramiko
+
     path = str(computer.get("known_hosts_path") or "")
     try:
         entry = paramiko.HostKeys(path).lookup(host_label(computer)) if path else None

@@ -48,6 +48,20 @@ every second until the answer's `replicas_running` is empty or the start answer'
 `replica_wait_seconds` (10 s) pass, and only then finishes the Job, so the subs' last lines arrive
 before its finish revokes the token.
 
+Every replica's `inputs/` has the launchers' hostfiles (`MMT_CLUSTER_HOSTFILE`, `MMT_CLUSTER_NODEFILE`,
+jobenv.hostfile_text and nodefile_text). Nodes come from PBS's PBS_NODEFILE or Grid Engine's
+PE_HOSTFILE too, for an owner's job shell that sets MMT_REPLICA_INDEX. SSH between the replicas
+(docs/cluster-jobs.md, "SSH between replicas", "On sites"), python runtime, where the nodes allow it:
+the first runner makes the Job's Ed25519 key (worker_agent/replica_ssh.py; `ssh-keygen` where the
+Python has no `cryptography`) and links it into the spec directory, which every runner shares; each
+runner authorizes it in the account's ~/.ssh/authorized_keys (worker_agent/authorized_keys.py, its own
+line `mado-job-<id>@<replica>.<scheduler job id>` with expiry-time; expired lines of ours go at the
+same time) and writes its `ssh/` (config with `Host main1 sub1 …` on the nodes' addresses, the nodes'
+host keys found in ~/.ssh/known_hosts or /etc/ssh/ssh_known_hosts, the key, the `ssh` wrapper first
+on PATH). A node whose host key is not known there, or that has no sshd answering (port 22, or the
+site variable NODE_SSH_PORT), turns it off for this replica: the scheduler's log says why and the Job
+runs on. The runner removes its line when the code has ended, whatever the end.
+
 Exit codes: 0 finished, 1 failed/canceled/timed out, 2 configuration error (bad spec directory,
 unreachable API), 3 the API refused the runner."""
 from __future__ import annotations
@@ -56,6 +70,7 @@ import http.client
 import json
 import math
 import os
+import pwd
 import re
 import signal
 import socket
@@ -75,7 +90,7 @@ import uuid
 if __package__ in (None, ""):  # run as a file: python SPEC_DIR/lib/worker_agent/site/runner.py SPEC_DIR
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-from worker_agent import __version__, jobenv, results, runtimes, supervisor
+from worker_agent import __version__, authorized_keys, jobenv, replica_ssh, results, runtimes, supervisor
 from worker_agent.core import lifecycle
 from worker_agent.core import outputs as core_outputs
 from worker_agent.core import source as core_source
@@ -407,18 +422,36 @@ def replica_index(size: int) -> int:
 
 
 def cluster_nodes() -> list[str]:
-    """The nodes of the allocation in order: MMT_CLUSTER_NODES, else Slurm's SLURM_JOB_NODELIST."""
+    """The nodes of the allocation in order: MMT_CLUSTER_NODES, else Slurm's SLURM_JOB_NODELIST, else
+    the first column of PBS's PBS_NODEFILE or Grid Engine's PE_HOSTFILE (each node once, first seen first)."""
     given = os.environ.get("MMT_CLUSTER_NODES", "").strip()
     if given:
         return [n.strip() for n in given.split(",") if n.strip()]
     nodelist = os.environ.get("SLURM_JOB_NODELIST") or os.environ.get("SLURM_NODELIST") or ""
     if not nodelist:
-        raise StartFailed("The nodes of this cluster job are unknown: no SLURM_JOB_NODELIST (or MMT_CLUSTER_NODES) "
-                          "in the runner's environment.")
+        for variable in ("PBS_NODEFILE", "PE_HOSTFILE"):
+            if os.environ.get(variable):
+                return node_file(variable, os.environ[variable])
+        raise StartFailed("The nodes of this cluster job are unknown: no SLURM_JOB_NODELIST, PBS_NODEFILE or "
+                          "PE_HOSTFILE (or MMT_CLUSTER_NODES) in the runner's environment.")
     out = _scontrol("show", "hostnames", nodelist)
     nodes = [line.strip() for line in (out or "").splitlines() if line.strip()]
     if not nodes:
         raise StartFailed(f"scontrol show hostnames {nodelist} named no node; is scontrol on this node's PATH?")
+    return nodes
+
+
+def node_file(variable: str, path: str) -> list[str]:
+    """The nodes a scheduler's node file names (one a line, or `host slots queue …`), each once."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            words = [line.split()[0] for line in f if line.strip()]
+    except OSError as exc:
+        raise StartFailed(f"{variable}={path} cannot be read ({exc.strerror}): the nodes of this cluster job are "
+                          "unknown.") from None
+    nodes = list(dict.fromkeys(words))
+    if not nodes:
+        raise StartFailed(f"{variable}={path} names no node.")
     return nodes
 
 
@@ -431,14 +464,17 @@ def _scontrol(*argv: str) -> str | None:
     return ran.stdout if ran.returncode == 0 else None
 
 
-def node_address(node: str) -> str:
-    """How other nodes reach `node`: Slurm's NodeAddr for it (the node name unless the site set one),
-    resolved to an IPv4 address; the name itself when it does not resolve here."""
-    address = node
+def node_addr(node: str) -> str:
+    """Slurm's NodeAddr of `node` (the node name unless the site set one, or outside Slurm)."""
     shown = _scontrol("show", "node", "--oneliner", node) if "SLURM_JOB_ID" in os.environ else None
     match = re.search(r"\bNodeAddr=(\S+)", shown or "")
-    if match and match.group(1) not in ("(null)", ""):
-        address = match.group(1)
+    return match.group(1) if match and match.group(1) not in ("(null)", "") else node
+
+
+def node_address(node: str, address: str | None = None) -> str:
+    """How other nodes reach `node`: its NodeAddr (`node_addr`, or `address` when already known),
+    resolved to an IPv4 address; the name itself when it does not resolve here."""
+    address = address or node_addr(node)
     try:
         return socket.gethostbyname(address)
     except (OSError, UnicodeError):
@@ -473,6 +509,113 @@ def cluster_size_of(job: dict) -> int:
     return size
 
 
+# -- cluster jobs: ssh between the replicas (docs/cluster-jobs.md, "SSH between replicas", "On sites") --
+
+SSH_KEY_FILE = "replica-ssh.json"  # in the spec directory, which every runner of the Job reads
+SYSTEM_KNOWN_HOSTS = "/etc/ssh/ssh_known_hosts"
+SSHD_PROBE_SECONDS = 5.0
+OFF_VALUES = ("0", "no", "off", "false")
+
+
+class NoReplicaSsh(replica_ssh.ReplicaSshError):
+    """Why this replica gets no ssh to the others; the Job runs on without it."""
+
+
+def site_setting(name: str) -> str:
+    """A setting of the runner: MMT_<NAME> in its environment, else the site variable NAME (MMT_VAR_<NAME>,
+    which the job shell exports to the batch job)."""
+    return (os.environ.get(f"MMT_{name}") or os.environ.get(f"MMT_VAR_{name}") or "").strip()
+
+
+def node_ssh_port() -> int:
+    """The port of the nodes' sshd: the site variable NODE_SSH_PORT, else 22."""
+    raw = site_setting("NODE_SSH_PORT")
+    if not raw:
+        return 22
+    if not raw.isdigit() or not 1 <= int(raw) <= 65535:
+        raise NoReplicaSsh(f"NODE_SSH_PORT={raw} is not a TCP port; set the site variable to the nodes' sshd port")
+    return int(raw)
+
+
+def ssh_tag(job_id: int, replica: str, scheduler_id: str | None) -> str:
+    """This runner's authorized_keys tag, `mado-job-<id>@<replica>.<scheduler job id>`: one line per
+    replica, so a replica that ends removes only its own (a shared home keeps the others' lines), and
+    two servers' Jobs of the same id under one account never touch each other's."""
+    who = re.sub(r"[^A-Za-z0-9._-]", "-", f"{replica}.{scheduler_id or 'site'}")[:64]
+    return authorized_keys.job_tag(job_id, who)
+
+
+def known_host_keys(labels: list[str]) -> list[tuple[str, str]]:
+    """(type, base64) of the host keys the account already trusts for any of `labels` (`host` or
+    `[host]:port`): its ~/.ssh/known_hosts and the system's /etc/ssh/ssh_known_hosts, looked up with
+    `ssh-keygen -F` (hashed names and patterns as ssh reads them). Nothing is ever learned on first use."""
+    found: list[tuple[str, str]] = []
+    revoked: set[tuple[str, str]] = set()
+    for path in (os.path.expanduser("~/.ssh/known_hosts"), SYSTEM_KNOWN_HOSTS):
+        if not os.path.isfile(path):
+            continue
+        for label in labels:
+            try:
+                ran = subprocess.run(["ssh-keygen", "-F", label, "-f", path], capture_output=True, text=True,
+                                     timeout=30, stdin=subprocess.DEVNULL, check=False)
+            except (OSError, subprocess.TimeoutExpired) as exc:
+                raise NoReplicaSsh(f"the nodes' host keys cannot be looked up: ssh-keygen is not usable on this "
+                                   f"node ({exc})") from None
+            for line in ran.stdout.splitlines():
+                words = line.split()
+                if len(words) < 3 or words[0].startswith("#"):
+                    continue
+                if words[0] == "@revoked" and len(words) >= 4:
+                    revoked.add((words[2], words[3]))
+                elif not words[0].startswith("@") and (words[1], words[2]) not in found:
+                    found.append((words[1], words[2]))  # @cert-authority: host certificates are not used here
+    return [key for key in found if key not in revoked]
+
+
+def sshd_answers(address: str, port: int) -> bool:
+    """An SSH server greets on address:port within SSHD_PROBE_SECONDS."""
+    try:
+        with socket.create_connection((address, port), timeout=SSHD_PROBE_SECONDS) as sock:
+            sock.settimeout(SSHD_PROBE_SECONDS)
+            return sock.recv(64).startswith(b"SSH-")
+    except OSError:
+        return False
+
+
+def shared_key_pair(spec_dir: str, tag: str) -> dict:
+    """The Job's key pair, the same for every runner: the first runner makes it and links it into the
+    spec directory (600; a link never replaces, so a second runner's pair loses and it reads the first)."""
+    path = os.path.join(spec_dir, SSH_KEY_FILE)
+    for _attempt in range(3):
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        except FileNotFoundError:
+            pair = replica_ssh.new_key_pair(tag)
+            fd, tmp = tempfile.mkstemp(prefix=".replica-ssh-", dir=spec_dir)
+            try:
+                with os.fdopen(fd, "w", encoding="utf-8") as out:
+                    json.dump(pair, out)
+                    out.flush()
+                    os.fsync(out.fileno())
+                os.link(tmp, path)
+            except FileExistsError:
+                pass
+            except OSError as exc:
+                raise NoReplicaSsh(f"the Job's key cannot be written to {path} ({exc.strerror})") from None
+            finally:
+                os.unlink(tmp)
+            continue
+        except OSError as exc:
+            raise NoReplicaSsh(f"the Job's key in {path} cannot be read ({exc.strerror})") from None
+        with os.fdopen(fd, encoding="utf-8") as f:
+            try:
+                data = json.load(f)
+                return {"private": str(data["private"]), "public": str(data["public"])}
+            except (ValueError, KeyError, TypeError):
+                raise NoReplicaSsh(f"{path} is damaged; submit the Job again") from None
+    raise NoReplicaSsh(f"the Job's key in {path} kept disappearing")
+
+
 # -- the runner ---------------------------------------------------------------------------------
 
 class Runner:
@@ -502,6 +645,8 @@ class Runner:
         self.size = cluster_size_of(spec.job)
         self.replica_index = replica_index(self.size) if self.size > 1 else None
         self.replica: Replica | None = None
+        self.nodes: list[str] = []
+        self.ssh_tag: str | None = None  # this replica's authorized_keys line, until it is removed
 
     @property
     def replica_name(self) -> str | None:
@@ -578,6 +723,8 @@ class Runner:
             self.stop_code()
             return self.finish({"status": "failed", "end_reason": "worker_lost",
                                 "error": f"The runner on the compute node failed: {type(exc).__name__}: {exc}"[:900]})
+        finally:
+            self.revoke_replica_ssh()  # the code has ended or never ran: the Job's key is of no more use
 
     def start(self) -> dict:
         body: dict = {"hostname": socket.gethostname()}
@@ -726,10 +873,16 @@ class Runner:
                               "in its settings.")
         runtime = str(self.job.get("runtime") or "python")
         cluster = self.cluster_spec() if self.replica_index is not None else None
+        files, prepend = self.launcher_files(cluster, working_dir, runtime) if cluster else ([], [])
         try:
             spec = runtimes.build_spec(self.job, local_facts(runtime), **({"cluster": cluster} if cluster else {}))
         except runtimes.RuntimeRefused as exc:
             raise StartFailed(exc.message) from None
+        if cluster:
+            spec["files"] = [*spec["files"], *files]
+            if prepend:
+                spec["path_prepend"] = [*prepend, *(spec.get("path_prepend") or [])]
+            spec["spec_hash"] = supervisor.spec_hash(spec)
         # A replica's workspace is <jobId>-<replica> (replicas may share a node and a working directory).
         job_dir = ensure_workspace(working_dir, spec["job_id"])
         if supervisor.cmd_poll(job_dir).get("status") == "absent":
@@ -755,12 +908,92 @@ class Runner:
         if len(nodes) != self.size:
             raise StartFailed(f"This {self.size}-replica cluster job got {len(nodes)} nodes ({', '.join(nodes[:8])}); "
                               "the job shell must ask for one node per replica (MMT_NODES).")
+        self.nodes = nodes
         addresses = [node_address(node) for node in nodes]
         self.replica = Replica(self.replica_index, self.size, str(self.job.get("cluster_mode") or "single-node"),
                                addresses, master_port(self.id))
         note(f"{self.replica.name} of {self.size} on {nodes[self.replica_index]}; main1 at "
              f"{addresses[0]}:{self.replica.env['MASTER_PORT']}.")
         return {"name": self.replica.name, "env": self.replica.env, "hosts": self.replica.hosts}
+
+    def launcher_files(self, cluster: dict, working_dir: str, runtime: str) -> tuple[list[dict], list[str]]:
+        """The hostfiles of every replica and, where this replica gets ssh to the others, its `ssh/`
+        (worker_agent/replica_ssh.py) with `ssh/bin` first on PATH: the spec's extra files and PATH
+        entries. The variables naming them join `cluster["env"]`."""
+        job_dir = supervisor.workspace(working_dir, f"{self.id}-{self.replica.name}")
+        container = runtime in ("docker", *runtimes.CONTAINER_RUNTIMES)
+        inputs = jobenv.container_locations().inputs_dir if container else jobenv.host_locations(job_dir).inputs_dir
+        cluster["env"].update(jobenv.cluster_file_variables(inputs))
+        # Every node of the allocation has as many GPUs as this one (the job shell asks per node).
+        gpus = list(self.job.get("gpu_ids") or [])
+        replicas = [dict(r, gpu_ids=gpus) for r in self.replica.replicas]
+        files = [{"path": f"inputs/{jobenv.CLUSTER_HOSTFILE}", "content": jobenv.hostfile_text(replicas),
+                  "mode": 0o644},
+                 {"path": f"inputs/{jobenv.CLUSTER_NODEFILE}", "content": jobenv.nodefile_text(replicas),
+                  "mode": 0o644}]
+        try:
+            ssh_files = self.replica_ssh_files(job_dir, runtime)
+        except replica_ssh.ReplicaSshError as exc:
+            note(f"SSH between the replicas is off for {self.replica.name} of Job {self.id}: {exc.message}. The Job "
+                 "runs without it; MASTER_ADDR/MASTER_PORT and the hostfiles work as before.")
+            return files, []
+        cluster["env"]["MMT_CLUSTER_SSH_CONFIG"] = f"{job_dir}/{replica_ssh.CONFIG_PATH}"
+        return files + ssh_files, [f"{job_dir}/{replica_ssh.BIN_DIR}"]
+
+    def replica_ssh_files(self, job_dir: str, runtime: str) -> list[dict]:
+        """This replica's `ssh/` files once the Job's key is authorized in the account's
+        ~/.ssh/authorized_keys on this node (a shared home: on every node). NoReplicaSsh says why not."""
+        if runtime != "python":
+            raise NoReplicaSsh(f"it is for the python runtime; the {runtime} runtime's containers have no ssh setup")
+        if site_setting("REPLICA_SSH").lower() in OFF_VALUES:
+            raise NoReplicaSsh("the site turns it off (REPLICA_SSH)")
+        port = node_ssh_port()
+        user = pwd.getpwuid(os.getuid()).pw_name
+        replicas, known_hosts = [], []
+        for index, node in enumerate(self.nodes):
+            address = self.replica.hosts[replica_name(index)]
+            labels = list(dict.fromkeys(replica_ssh.host_label({"host": h, "port": port})
+                                        for h in (node, node_addr(node), address)))
+            keys = known_host_keys(labels)
+            if not keys:
+                raise NoReplicaSsh(f"the host key of node {node} ({', '.join(labels)}) is in neither ~/.ssh/known_hosts "
+                                   f"nor {SYSTEM_KNOWN_HOSTS}; Mado never accepts an unknown one: add it there")
+            if not sshd_answers(address, port):
+                raise NoReplicaSsh(f"no sshd answers on node {node} ({address} port {port})")
+            name = replica_name(index)
+            known_hosts += [f"{name} {kind} {blob}" for kind, blob in keys]
+            replicas.append({"index": index, "name": name,
+                             "computer": {"kind": "ssh", "host": address, "port": port, "ssh_user": user}})
+        peers = replica_ssh.peers(replicas)
+        known = "\n".join(known_hosts) + "\n"
+        replica_ssh.replica_files(job_dir=job_dir, peers=peers, known_hosts=known, private_key="")  # fits a config
+        scheduler_id = next((os.environ[v] for v in SCHEDULER_ID_VARIABLES if os.environ.get(v)), None)
+        tag = ssh_tag(self.id, self.replica.name, scheduler_id)
+        pair = shared_key_pair(self.spec.dir, tag)
+        try:
+            answer = authorized_keys.apply({"add": pair["public"], "tag": tag, "expired": True,
+                                            "seconds": replica_ssh.key_lifetime(self.job.get("walltime_seconds"))})
+        except (OSError, ValueError) as exc:
+            raise NoReplicaSsh(f"~/.ssh/authorized_keys cannot be changed ({exc})") from None
+        self.ssh_tag = tag
+        note(f"SSH between the replicas: the Job's key is authorized in {answer['path']} as {tag}"
+             + (f" until {answer['expiry']}" if answer.get("expiry") else " (no expiry-time: OpenSSH older than 8.2)")
+             + "; `ssh main1`, `ssh sub1`, … work from the code.")
+        return replica_ssh.replica_files(job_dir=job_dir, peers=peers, known_hosts=known, private_key=pair["private"])
+
+    def revoke_replica_ssh(self) -> None:
+        """This replica's authorized_keys line goes; one left behind (a killed runner) expires on its own
+        and goes at the next authorization under this account."""
+        if not self.ssh_tag:
+            return
+        try:
+            answer = authorized_keys.apply({"add": None, "remove": [self.ssh_tag]})
+        except OSError as exc:
+            note(f"The Job's SSH key could not be removed from ~/.ssh/authorized_keys ({exc}); it expires on its own.")
+            return
+        note(f"The Job's SSH key is removed from {answer['path'] or '~/.ssh/authorized_keys'} "
+             f"({answer['removed']} line{'' if answer['removed'] == 1 else 's'}).")
+        self.ssh_tag = None
 
     def fetch_source(self, job_dir: str) -> None:
         source = self.job["source"]

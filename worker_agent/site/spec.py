@@ -4,7 +4,8 @@ of a submission before running the job shell (docs/sites-protocol.md):
     <spec_dir>/            700, a direct child of <spec_root> (<working dir>/.mmt-submissions)
         job.json           600  {format: 1, api_url, token, job}
         mmt-runner         700  #!/bin/sh wrapper: exec <runner_python> -I <spec_dir>/lib/worker_agent/site/runner.py
-        lib/worker_agent/{__init__,supervisor,runtimes,jobenv,results}.py, lib/worker_agent/core/*.py,
+        lib/worker_agent/{__init__,supervisor,runtimes,jobenv,results,authorized_keys,replica_ssh}.py,
+        lib/worker_agent/core/*.py,
         lib/worker_agent/site/{__init__,runner}.py
 
 The writer below is standard library only and free of annotations, so the very same functions run
@@ -29,7 +30,8 @@ SPEC_ROOT = ".mmt-submissions"
 RUNNER_NAME = "mmt-runner"
 BUNDLE = (
     "worker_agent/__init__.py", "worker_agent/supervisor.py", "worker_agent/runtimes.py", "worker_agent/jobenv.py",
-    "worker_agent/results.py", "worker_agent/core/__init__.py", "worker_agent/core/api.py",
+    "worker_agent/results.py", "worker_agent/authorized_keys.py", "worker_agent/replica_ssh.py",
+    "worker_agent/core/__init__.py", "worker_agent/core/api.py",
     "worker_agent/core/lifecycle.py", "worker_agent/core/outputs.py", "worker_agent/core/source.py",
     "worker_agent/core/tokens.py",
     "worker_agent/site/__init__.py", "worker_agent/site/runner.py",
