@@ -33,6 +33,8 @@ urlpatterns = [
     path("runner/jobs/<int:job_id>/logs", runner_api.RunnerLogsView.as_view(), name="api-runner-logs"),
     path("runner/jobs/<int:job_id>/metrics", runner_api.RunnerMetricsView.as_view(), name="api-runner-metrics"),
     path("runner/jobs/<int:job_id>/outputs", runner_api.RunnerOutputsView.as_view(), name="api-runner-outputs"),
+    path("runner/jobs/<int:job_id>/artifacts-batch", runner_api.RunnerArtifactBatchView.as_view(),
+         name="api-runner-artifacts-batch"),
     path("runner/jobs/<int:job_id>/artifacts/<path:path>", runner_api.RunnerArtifactView.as_view(),
          name="api-runner-artifact"),
     path("runner/jobs/<int:job_id>/source", runner_api.RunnerSourceView.as_view(), name="api-runner-source"),

@@ -102,6 +102,19 @@ class RunnerArtifactView(RunnerView):
                          "complete": artifact.complete})
 
 
+class RunnerArtifactBatchView(RunnerView):
+    """Many small declared artifacts in one body of frames (jobs.outputs.receive_batch), as the worker
+    sends them; runner_id travels in the query string."""
+
+    parser_classes: list = []
+
+    @extend_schema(operation_id="runner_artifacts_batch", request={"application/octet-stream": OpenApiTypes.BINARY},
+                   responses=OpenApiTypes.OBJECT)
+    def put(self, request, job_id):
+        job = submissions.runner_job(job_id, request.query_params.get("runner_id"), uploading=True)
+        return Response(outputs.receive_batch(job, request._request, request.META.get("CONTENT_LENGTH")))
+
+
 class RunnerSourceView(RunnerView):
     @extend_schema(operation_id="runner_source", responses={(200, "application/gzip"): OpenApiTypes.BINARY})
     def get(self, request, job_id):

@@ -102,6 +102,50 @@ def test_python_job_from_a_source_archive_finishes_with_logs_metrics_and_artifac
     assert "no longer valid" in again.output() and spec["token"] not in again.output()
 
 
+MANY_OUTPUTS = '''\
+import hashlib, json, os
+out = os.environ["MMT_OUTPUTS_DIR"]
+artifacts = []
+for i in range(300):
+    data = f"output {i} 評価\\n".encode() * (i % 7 + 1)
+    path = f"parts/{i:03d}.txt"
+    os.makedirs(os.path.join(out, "parts"), exist_ok=True)
+    with open(os.path.join(out, path), "wb") as f:
+        f.write(data)
+    artifacts.append({"path": path, "sha256": hashlib.sha256(data).hexdigest(), "size": len(data)})
+with open(os.environ["MMT_RESULT_FILE"], "w") as f:
+    json.dump({"version": 1, "complete": True, "artifacts": artifacts}, f)
+'''
+
+
+def test_a_site_job_sends_its_many_small_outputs_in_one_batch_request_each_verified(site, monkeypatch):
+    """The runner sends small outputs as the worker does (issue 18): many files per request, each checked
+    against its declared size and sha256 by the server, not one request per file."""
+    from jobs import outputs
+
+    requests = {"batch": 0, "single": 0}
+    real_batch, real_single = outputs.receive_batch, outputs.receive_artifact
+    monkeypatch.setattr(outputs, "receive_batch",
+                        lambda *a, **k: requests.__setitem__("batch", requests["batch"] + 1) or real_batch(*a, **k))
+    monkeypatch.setattr(outputs, "receive_artifact",
+                        lambda *a, **k: requests.__setitem__("single", requests["single"] + 1) or real_single(*a, **k))
+    job = site.job(["python", "many.py"], source=site.source({"many.py": MANY_OUTPUTS}))
+    spec_dir, _spec = site.submit(job)
+    runner = site.start_runner(spec_dir, MMT_ARRAY_INDEX=0)
+    site.wait_status(job, "finished", "failed")
+    assert runner.wait() == 0, runner.output()
+    job.refresh_from_db()
+    assert job.status == "finished", job.error
+    stored = {a.path: a for a in Artifact.objects.filter(job=job)}
+    assert len(stored) == 300 and all(a.complete for a in stored.values())
+    for i in (0, 6, 299):
+        data = f"output {i} 評価\n".encode() * (i % 7 + 1)
+        artifact = stored[f"parts/{i:03d}.txt"]
+        assert (artifact.size, artifact.sha256) == (len(data), hashlib.sha256(data).hexdigest())
+        assert artifact.file.open("rb").read() == data
+    assert requests == {"batch": 1, "single": 0}, requests
+
+
 def test_second_runner_of_the_same_job_exits_3_and_the_first_one_goes_on(site):
     job = site.job(["python", "-c", TICKER])
     spec_dir, spec = site.submit(job)
