@@ -525,7 +525,15 @@ def leased(worker: Worker, job_id: int, lease_id) -> Job:
     return job
 
 
-def heartbeat(worker: Worker, job_id: int, *, lease_id, status: str | None = None) -> Job:
+MAX_WAITING_REASON = 450
+
+
+def heartbeat(worker: Worker, job_id: int, *, lease_id, status: str | None = None, waiting: str | None = None) -> Job:
+    """`waiting`: why the worker holds a claimed job back (its GPUs busy outside Mado, seed 002): a
+    timeline line each time the reason changes."""
+    if waiting is not None and (not isinstance(waiting, str) or len(waiting) > MAX_WAITING_REASON):
+        raise ServiceError(_("waiting is the reason a claimed job waits, as text of at most %(n)s characters.")
+                           % {"n": MAX_WAITING_REASON}, "invalid", fields={"waiting": [_("Text.")]})
     with transaction.atomic():
         job = leased(worker, job_id, lease_id)
         if job.is_terminal:
@@ -533,6 +541,11 @@ def heartbeat(worker: Worker, job_id: int, *, lease_id, status: str | None = Non
         if status not in (None, JobStatus.RUNNING):
             raise ServiceError(_("status in a heartbeat is only 'running'."), "invalid", fields={"status": ["running"]})
         lifecycle.heartbeat(job, timezone.now(), running=status == JobStatus.RUNNING)
+        if waiting and waiting.strip() and job.status == JobStatus.CLAIMED:
+            message = f"Waiting for its GPUs: {waiting.strip()}"
+            last = job.events.filter(kind="waiting").order_by("-id").values_list("message", flat=True).first()
+            if last != message:
+                lifecycle.event(job, "waiting", message)
     return job
 
 

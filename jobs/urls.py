@@ -1,9 +1,11 @@
 """HTML routes of Jobs; included at the root by mado/urls.py."""
 from django.urls import path
 
-from jobs import views
+from jobs import gpu_board, views
 
 urlpatterns = [
+    # Under Computers, but here: the board reads reservations and jobs, which computers/ may not import.
+    path("settings/computers/gpus/", gpu_board.gpu_board, name="gpu-board"),
     path("projects/<slug:project>/jobs/", views.job_list, name="jobs"),
     path("projects/<slug:project>/jobs/new", views.job_create, name="job-create"),
     path("projects/<slug:project>/jobs/<int:pk>/", views.job_detail, name="job-detail"),

@@ -201,9 +201,13 @@ class ApiClient:
         return self.request("POST", f"worker/jobs/{int(job_id)}/{call}",
                             {"worker_id": worker_id, "lease_id": lease_id, **body}, **kwargs)
 
-    def job_heartbeat(self, job_id: int, worker_id: str, lease_id: str, status: str | None = None) -> dict:
-        return self._leased(job_id, "heartbeat", worker_id, lease_id, {"status": status} if status else {},
-                            attempts=2)
+    def job_heartbeat(self, job_id: int, worker_id: str, lease_id: str, status: str | None = None,
+                      waiting: str | None = None) -> dict:
+        """`waiting`: why a claimed job has not started yet (its GPUs busy outside Mado), for its page."""
+        body = {"status": status} if status else {}
+        if waiting:
+            body["waiting"] = waiting
+        return self._leased(job_id, "heartbeat", worker_id, lease_id, body, attempts=2)
 
     def job_logs(self, job_id: int, worker_id: str, lease_id: str, chunks: list[dict]) -> dict:
         return self._leased(job_id, "logs", worker_id, lease_id, {"chunks": chunks})

@@ -433,6 +433,7 @@ class JobRunner:
             if reason != said:
                 log.warning("job %s waits (claimed): %s", self.id, reason)
                 said = reason
+                self._beat.set()  # the reason reaches the job's page with the next heartbeat, now
             if time.monotonic() >= deadline:
                 raise StartFailed(f"{reason}. The job waited {limit:.0f} s ({gpu_remote.BUSY_WAIT_SETTING}) for it "
                                   "to end; run it again once the GPU is free, or choose other GPUs.")
@@ -737,7 +738,8 @@ class JobRunner:
             while not self.done.is_set() and not self.stop.is_set():
                 status = "running" if self.started and not self.record.get("running_reported") else None
                 try:
-                    answer = self.api.job_heartbeat(self.id, self.config.worker_id, self.lease, status)
+                    answer = self.api.job_heartbeat(self.id, self.config.worker_id, self.lease, status,
+                                                    waiting=self.gpu_waiting if not self.started else None)
                 except ApiUnavailable as exc:
                     log.debug("job %s: heartbeat not delivered (%s)", self.id, exc)
                 except ApiError as exc:

@@ -3,8 +3,10 @@ as job metrics `system/gpu/<id>/utilization` (percent) and `system/gpu/<id>/memo
 
 NVML (`nvidia-ml-py`, the `telemetry` extra) reads the GPUs of the machine the worker runs on, so it
 serves jobs whose computer is that machine: Local computers and SSH computers at a loopback address.
-When NVML cannot be imported or initialised, the worker says so once in its log, with the reason, and
-reports nothing; it never guesses values."""
+When NVML cannot be imported or initialised, the worker says so once in its log, with the reason; it
+never guesses values. Every other job (an SSH computer elsewhere, or this machine without NVML) is
+sampled with nvidia-smi on its computer over the worker's connection: worker_agent.gpu_remote, which
+adds `system/gpu/<id>/temperature` (°C) and `system/gpu/<id>/power` (W)."""
 from __future__ import annotations
 
 import logging
@@ -56,7 +58,8 @@ class GpuTelemetry:
                 self._init()
             if self._nvml is None and not self._said:
                 self._said = True
-                log.info("GPU telemetry off: %s. Jobs run as usual; no system/gpu metrics are reported.",
+                log.info("GPU telemetry off: %s. Jobs run as usual; their GPUs are read with nvidia-smi on their "
+                         "computers instead, where it works.",
                          self._reason)
             return self._nvml is not None
 

@@ -106,6 +106,9 @@ class ReadCompleteSerializer(LeasedBodySerializer):
 class JobHeartbeatSerializer(LeasedBodySerializer):
     status = serializers.ChoiceField(choices=[JobStatus.RUNNING], required=False, allow_null=True,
                                      help_text="running, once the job started.")
+    waiting = serializers.CharField(required=False, allow_blank=True, max_length=450,
+                                    help_text="Why a claimed job waits before it starts (its GPUs are in use by a "
+                                              "process outside Mado); shown on the job's timeline.")
 
 
 class WorkerLogsSerializer(LeasedBodySerializer):
@@ -289,7 +292,8 @@ class JobHeartbeatView(LeasedJobView):
     @extend_schema(request=JobHeartbeatSerializer, responses=OpenApiTypes.OBJECT)
     def post(self, request, job_id):
         body = self.leased_body()
-        job = job_services.heartbeat(self.worker(), job_id, lease_id=body["lease_id"], status=body.get("status"))
+        job = job_services.heartbeat(self.worker(), job_id, lease_id=body["lease_id"], status=body.get("status"),
+                                     waiting=body.get("waiting"))
         return Response({"cancel_requested": job.stop_requested_at is not None, "status": job.status})
 
 

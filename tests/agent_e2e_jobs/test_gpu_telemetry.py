@@ -1,0 +1,121 @@
+"""GPUs of an SSH computer (issue 22) end to end: a real worker, the real sshd target with the stand-in
+nvidia-smi (tests/gpu/stand_in.py) first on the PATH of the computer's Python, and the live server.
+
+- the job's reserved GPU is sampled with one long-lived command on the target, and its page shows the
+  charts `system/gpu/<id>/…`;
+- a process outside Mado on the job's GPU keeps the job claimed, with the reason in the worker's log and on
+  the job's page,
+  until it ends; then the job starts; past MMT_WORKER_GPU_BUSY_WAIT the job fails to start with it."""
+from __future__ import annotations
+
+import getpass
+import os
+import subprocess
+
+import pytest
+from django.test import Client
+from django.urls import reverse
+
+from jobs.models import Metric
+from tests.agent_e2e_jobs.conftest import wait_until
+from tests.gpu.stand_in import gpu, install, write_state
+
+PROBE_MARK = b"gpu_uuid,pid,used_memory"  # in the probe's command line (worker_agent.gpu_remote.QUERY_APPS)
+
+
+def stand_in(e2e, apps=None):
+    """The stand-in on the target with two GPUs; the computer's Python finds it first on the PATH."""
+    directory = e2e.working_dir / "nvidia"
+    gpus = [gpu(0, utilization=12), gpu(1, utilization=81, memory_used=40000)]
+    python = install(directory, gpus, apps, owner=(e2e.uid, e2e.gid))
+    e2e.computer.python_path = str(python)
+    e2e.computer.save(update_fields=["python_path"])
+    return directory, gpus
+
+
+def probes() -> list[int]:
+    """PIDs of telemetry probes (interval 10 s) running on this machine, which is also the target."""
+    found = []
+    for name in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{name}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+        except (OSError, ValueError):
+            continue
+        if PROBE_MARK in argv and b"10" in argv:
+            found.append(int(name))
+    return found
+
+
+def gpu_metrics(job) -> list[tuple[str, float, int]]:
+    return list(Metric.objects.filter(job_id=job.pk, name__startswith="system/gpu/")
+                .order_by("step", "name").values_list("name", "value", "step"))
+
+
+def test_an_ssh_jobs_page_shows_charts_of_its_gpus_sampled_by_one_command(e2e):
+    stand_in(e2e)
+    e2e.start_worker()
+    job = e2e.counter_job("gpus", 60, 0.5, gpu_ids=["1"])
+    e2e.wait_status(job, "running", timeout=90)
+    seen = set()
+
+    def two_samples():
+        seen.update(probes())
+        return {step for _, _, step in gpu_metrics(job)} >= {1, 2}
+
+    wait_until(two_samples, timeout=60, what=f"two GPU samples of job {job.pk} ({e2e.worker_output()[-2000:]})")
+    assert len(seen) == 1, f"one long-lived probe served every sample, not one command per sample: {seen}"
+    metrics = gpu_metrics(job)
+    assert ("system/gpu/1/utilization", 81.0, 1) in metrics and ("system/gpu/1/memory", 40000.0, 1) in metrics
+    assert ("system/gpu/1/temperature", 45.0, 2) in metrics and ("system/gpu/1/power", 71.23, 2) in metrics
+    assert not [m for m in metrics if m[0].startswith("system/gpu/0/")], "only the job's reserved GPU"
+
+    client = Client()
+    client.force_login(e2e.world.member)
+    page = client.get(reverse("job-detail", args=[e2e.world.project.slug, job.pk])).content.decode()
+    for name in ("utilization", "memory", "temperature", "power"):
+        assert f'data-metric="system/gpu/1/{name}"' in page, f"no {name} chart on the job page"
+
+    e2e.wait_ended(job, timeout=90)
+    e2e.assert_ended_once(job, "finished")
+    wait_until(lambda: not probes(), timeout=30, what="the GPU probe to end with the job")
+
+
+@pytest.fixture
+def outsider():
+    """A real process, not of any Mado job, that the stand-in lists on a GPU."""
+    process = subprocess.Popen(["sleep", "600"])
+    yield process
+    process.kill()
+    process.wait()
+
+
+def test_a_process_outside_mado_on_its_gpu_holds_the_job_claimed_until_it_ends(e2e, outsider):
+    directory, gpus = stand_in(e2e, apps=[{"gpu": 1, "pid": outsider.pid, "used_memory": 2048}])
+    worker = e2e.start_worker()
+    job = e2e.counter_job("busy", 3, 0.1, gpu_ids=["1"])
+    reason = f"GPU 1 is in use by a process outside Mado (pid {outsider.pid}, user {getpass.getuser()})"
+    wait_until(lambda: reason in worker.output(), timeout=60, what=f"the reason in the log: {worker.output()[-2000:]}")
+    client = Client()
+    client.force_login(e2e.world.member)
+    page = reverse("job-detail", args=[job.project.slug, job.pk])
+    wait_until(lambda: f'Waiting for its GPUs</span><span class="event-detail muted">{reason}</span>'
+               in client.get(page).content.decode(), timeout=30, what="the reason on the job's page")
+    assert e2e.job(job).status == "claimed" and e2e.starts("busy") == [], "the job did not start"
+
+    outsider.kill()
+    write_state(directory, gpus, [])
+    e2e.wait_ended(job, timeout=60)
+    e2e.assert_ended_once(job, "finished")
+    assert len(e2e.starts("busy")) == 1
+    assert "its GPUs are free of processes outside Mado now; starting it" in worker.output()
+
+
+def test_a_gpu_busy_past_the_wait_fails_the_start_with_the_reason(e2e, outsider):
+    stand_in(e2e, apps=[{"gpu": 0, "pid": outsider.pid, "used_memory": 2048}])
+    e2e.start_worker(MMT_WORKER_GPU_BUSY_WAIT=1)
+    job = e2e.counter_job("late", 3, 0.1, gpu_ids=["0"])
+    job = e2e.wait_ended(job, timeout=60)
+    assert (job.status, job.end_reason) == ("failed", "start_failed")
+    assert job.error.startswith(f"GPU 0 is in use by a process outside Mado (pid {outsider.pid}, user ")
+    assert "MMT_WORKER_GPU_BUSY_WAIT" in job.error and e2e.starts("late") == []

@@ -1,0 +1,94 @@
+"""The GPU probe (worker_agent.gpu_remote) run for real against the stand-in nvidia-smi (tests/gpu/stand_in.py)
+on this machine's own processes: what a sample holds, which processes count as outside Mado, how it
+fails when nvidia-smi finds no GPU or is missing, and that telemetry is one long-lived command."""
+from __future__ import annotations
+
+import getpass
+import os
+import subprocess
+
+import pytest
+
+from tests.gpu.stand_in import calls, gpu, install, write_state
+from worker_agent import gpu_remote
+from worker_agent.ssh import LocalConnection
+
+
+@pytest.fixture
+def smi(tmp_path):
+    directory = tmp_path / "gpu"
+    install(directory, [gpu(0), gpu(1, utilization=81, memory_used=40000, power="[N/A]")])
+    return directory
+
+
+def local(directory, with_smi=True) -> LocalConnection:
+    path = os.environ["PATH"]
+    return LocalConnection(env={**os.environ, "PATH": f"{directory}:{path}" if with_smi else "/usr/bin:/bin"})
+
+
+@pytest.fixture
+def sleeper():
+    processes = []
+
+    def start(**env):
+        process = subprocess.Popen(["sleep", "120"], env={**os.environ, **env})
+        processes.append(process)
+        return process
+
+    yield start
+    for process in processes:
+        process.kill()
+        process.wait()
+
+
+def test_a_sample_reads_every_gpu_and_leaves_out_what_a_gpu_cannot_measure(smi):
+    sample = gpu_remote.sample_once(local(smi), "/usr/bin/python3")
+    assert sample.error is None
+    assert [(g.index, g.utilization, g.memory_used, g.memory_total, g.temperature) for g in sample.gpus] == \
+        [("0", 37.0, 1536.0, 81559.0, 45.0), ("1", 81.0, 40000.0, 81559.0, 45.0)]
+    assert sample.gpus[0].power == 71.23 and sample.gpus[1].power is None, "[N/A] is no number"
+    points = gpu_remote.metric_points(sample, ["1"], 3, "2026-12-04T00:00:00+00:00")
+    assert {(p["name"], p["value"], p["step"]) for p in points} == {
+        ("system/gpu/1/utilization", 81.0, 3), ("system/gpu/1/memory", 40000.0, 3),
+        ("system/gpu/1/temperature", 45.0, 3)}, "only the job's GPU, and no power where the GPU has none"
+    uuid = sample.gpus[1].uuid
+    assert gpu_remote.metric_points(sample, [uuid], 1, "2026-12-04T00:00:00+00:00")[0]["name"] == \
+        f"system/gpu/{uuid}/utilization", "a GPU registered by its UUID is found too"
+
+
+def test_a_process_outside_mado_is_named_with_its_pid_and_user_and_a_jobs_own_is_not(smi, sleeper):
+    outsider = sleeper()
+    ours = sleeper(MMT_JOB_ID="42")
+    write_state(smi, [gpu(0), gpu(1)], [{"gpu": 1, "pid": outsider.pid, "used_memory": 2048},
+                                         {"gpu": 0, "pid": ours.pid, "used_memory": 1024}])
+    sample = gpu_remote.sample_once(local(smi), "/usr/bin/python3")
+    assert [(p.pid, p.job_id) for p in sample.processes] == [(outsider.pid, None), (ours.pid, "42")]
+    assert sample.foreign(["0"]) == [], "a Mado job's process does not hold the GPU against Mado"
+    foreign = sample.foreign(["0", "1"])
+    assert gpu_remote.busy_reason(foreign) == \
+        f"GPU 1 is in use by a process outside Mado (pid {outsider.pid}, user {getpass.getuser()})"
+
+
+def test_no_gpus_and_no_nvidia_smi_are_reasons_not_readings(smi):
+    write_state(smi, [])
+    sample = gpu_remote.sample_once(local(smi), "/usr/bin/python3")
+    assert sample.gpus == [] and sample.error == "No devices were found"
+    missing = gpu_remote.sample_once(local(smi, with_smi=False), "/usr/bin/python3")
+    assert missing.error == "nvidia-smi is not on the PATH of the computer's login shell"
+    assert gpu_remote.sample_once(local(smi), "/nowhere/python3").error.startswith("The GPU probe failed")
+
+
+def test_telemetry_is_one_long_lived_command_printing_a_line_per_interval(smi):
+    lines = []
+    with local(smi).stream(gpu_remote.probe_command("/usr/bin/python3", 0.05), timeout=30) as stream:
+        for line in gpu_remote.read_lines(stream, lambda: len(lines) >= 4):
+            lines.append(gpu_remote.parse_line(line))
+        pid = stream.proc.pid
+    assert [len(s.gpus) for s in lines] == [2, 2, 2, 2] and all(s.size > 0 for s in lines)
+    assert calls(smi)[:8] == ["query-gpu", "query-compute-apps"] * 4
+    assert pid > 0, "one process served every sample"
+
+
+@pytest.mark.parametrize("value, seconds", [("", 600.0), ("0", 0.0), ("30", 30.0), ("soon", 600.0), ("-1", 600.0)])
+def test_the_busy_wait_setting(value, seconds):
+    assert gpu_remote.busy_wait_seconds({gpu_remote.BUSY_WAIT_SETTING: value}) == seconds

@@ -1,0 +1,231 @@
+"""GPUs of a computer the worker reaches over SSH (or runs on without NVML): `nvidia-smi` on the target.
+
+One small Python program (`PROBE`, run with the computer's Python) prints one JSON line per sample:
+the raw CSV of `nvidia-smi --query-gpu=…` and `--query-compute-apps=…`, and for each process on a GPU
+its owner and, when its environment can be read, the Mado job it belongs to (`MMT_JOB_ID`). It runs
+two ways over the connection the worker already holds:
+
+- telemetry: one long-lived command per running job (`Connection.stream`), a line every 10 s, never
+  one exec per sample; the worker parses the CSV and posts the job's `system/gpu/<id>/…` metrics;
+- the busy check before a job starts: the same program once (`Connection.run`), to see processes
+  outside Mado on the job's reserved GPUs (seed 002: reservations only hold between this app's Jobs).
+
+nvidia-smi that is missing, or that finds no GPU ("No devices were found", exit 6; no driver, exit 9),
+is reported once as the reason; nothing is guessed. The CSV parsing lives here, on the worker, so the
+program on the target stays small and the same for every nvidia-smi version."""
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+log = logging.getLogger("mado.worker.telemetry")
+
+QUERY_GPU = "index,uuid,utilization.gpu,memory.used,memory.total,temperature.gpu,power.draw"
+QUERY_APPS = "gpu_uuid,pid,used_memory"
+FORMAT = "--format=csv,noheader,nounits"
+BUSY_WAIT_SETTING = "MMT_WORKER_GPU_BUSY_WAIT"
+BUSY_WAIT_DEFAULT = 600.0
+BUSY_RECHECK_SECONDS = 5.0
+
+# Runs on the target with the computer's Python (3.6+; standard library only). argv: interval seconds
+# (0: one sample, then exit). Exits after a sample whose nvidia-smi failed: that does not heal by itself.
+PROBE = r'''
+import json, os, pwd, shutil, subprocess, sys, time
+QUERY_GPU, QUERY_APPS, FORMAT = sys.argv[2], sys.argv[3], sys.argv[4]
+interval = float(sys.argv[1])
+def smi(query):
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        return None, "nvidia-smi is not on the PATH of the computer's login shell", None
+    try:
+        p = subprocess.run([exe, query, FORMAT], stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=60)
+    except subprocess.TimeoutExpired:
+        return None, "nvidia-smi did not answer within 60 s", None
+    out = p.stdout.decode("utf-8", "replace")
+    if p.returncode != 0:
+        said = (out + p.stderr.decode("utf-8", "replace")).strip()[:400]
+        return None, said or "nvidia-smi failed", p.returncode
+    return out, None, 0
+def owner(pid):
+    try:
+        uid = os.stat("/proc/" + pid).st_uid
+    except (OSError, ValueError):
+        return [None, None]
+    try:
+        user = pwd.getpwuid(uid).pw_name
+    except KeyError:
+        user = str(uid)
+    job = None
+    try:
+        with open("/proc/" + pid + "/environ", "rb") as f:
+            for entry in f.read().split(b"\0"):
+                if entry.startswith(b"MMT_JOB_ID="):
+                    job = entry[11:].decode("ascii", "replace")
+    except OSError:
+        pass
+    return [user, job]
+while True:
+    sample = {"time": time.time()}
+    gpus, error, code = smi("--query-gpu=" + QUERY_GPU)
+    if error is None:
+        apps, error, code = smi("--query-compute-apps=" + QUERY_APPS)
+    if error is not None:
+        sample.update(error=error, exit=code)
+    else:
+        sample.update(gpus=gpus, apps=apps)
+        pids = set(line.split(",")[1].strip() for line in apps.splitlines() if line.count(",") >= 2)
+        sample["owners"] = dict((pid, owner(pid)) for pid in pids if pid.isdigit())
+    sys.stdout.write(json.dumps(sample) + "\n")
+    sys.stdout.flush()
+    if interval <= 0 or error is not None:
+        break
+    time.sleep(interval)
+'''
+
+
+def probe_command(python: str, interval: float) -> list[str]:
+    return [python or "python3", "-I", "-c", PROBE, f"{interval:g}", QUERY_GPU, QUERY_APPS, FORMAT]
+
+
+@dataclass
+class Gpu:
+    index: str
+    uuid: str
+    utilization: float | None
+    memory_used: float | None
+    memory_total: float | None
+    temperature: float | None
+    power: float | None
+
+
+@dataclass
+class Process:
+    gpu_uuid: str
+    pid: int
+    used_memory: float | None
+    user: str | None
+    job_id: str | None  # MMT_JOB_ID in its environment: a process of a Mado job
+
+
+@dataclass
+class Sample:
+    gpus: list[Gpu] = field(default_factory=list)
+    processes: list[Process] = field(default_factory=list)
+    error: str | None = None
+    size: int = 0  # bytes of the line that carried it
+
+    def gpu(self, gpu_id: str) -> Gpu | None:
+        """A registered GPU ID is nvidia-smi's index, or a UUID (`GPU-…`)."""
+        gpu_id = str(gpu_id).strip()
+        return next((g for g in self.gpus if gpu_id in (g.index, g.uuid)), None)
+
+    def foreign(self, gpu_ids: list[str]) -> list[tuple[str, Process]]:
+        """(GPU ID, process) for processes on `gpu_ids` that belong to no Mado job."""
+        found = []
+        for gpu_id in gpu_ids:
+            gpu = self.gpu(gpu_id)
+            if gpu is None:
+                continue
+            found += [(str(gpu_id), p) for p in self.processes if p.gpu_uuid == gpu.uuid and not p.job_id]
+        return found
+
+
+def _number(text: str) -> float | None:
+    """nvidia-smi prints `[N/A]` or `[Not Supported]` (with nounits) for what a GPU cannot measure."""
+    try:
+        return float(text)
+    except ValueError:
+        return None
+
+
+def parse_line(line: bytes | str) -> Sample:
+    size = len(line)
+    try:
+        data = json.loads(line)
+    except ValueError:
+        return Sample(error=f"The GPU probe printed something unexpected: {str(line)[:200]!r}", size=size)
+    if data.get("error"):
+        return Sample(error=str(data["error"]), size=size)
+    sample = Sample(size=size)
+    for row in (data.get("gpus") or "").splitlines():
+        cells = [c.strip() for c in row.split(",")]
+        if len(cells) < 7:
+            continue
+        sample.gpus.append(Gpu(cells[0], cells[1], *(_number(c) for c in cells[2:7])))
+    owners = data.get("owners") or {}
+    for row in (data.get("apps") or "").splitlines():
+        cells = [c.strip() for c in row.split(",")]
+        if len(cells) < 3 or not cells[1].isdigit():
+            continue  # e.g. "No running processes found" from some versions
+        user, job = (owners.get(cells[1]) or [None, None])[:2]
+        sample.processes.append(Process(cells[0], int(cells[1]), _number(cells[2]), user, job))
+    return sample
+
+
+def metric_points(sample: Sample, gpu_ids: list[str], step: int, timestamp: str) -> list[dict]:
+    """The job's GPUs as metrics: utilization (%), memory (MiB used, as NVML's path names it),
+    temperature (°C), power (W); what a GPU cannot measure is left out."""
+    points = []
+    for gpu_id in gpu_ids:
+        gpu = sample.gpu(gpu_id)
+        if gpu is None:
+            continue
+        for name, value in (("utilization", gpu.utilization), ("memory", gpu.memory_used),
+                            ("temperature", gpu.temperature), ("power", gpu.power)):
+            if value is not None:
+                points.append({"name": f"system/gpu/{gpu_id}/{name}", "value": value, "step": step,
+                               "timestamp": timestamp})
+    return points
+
+
+def sample_once(connection, python: str, timeout: float = 90.0) -> Sample:
+    """One sample over `connection` (`run`): for the busy check before a start."""
+    result = connection.run(probe_command(python, 0), timeout=timeout)
+    line = (result.stdout or b"").strip().splitlines()
+    if result.exit_code != 0 or not line:
+        said = (result.stderr or b"").decode("utf-8", "replace").strip()[-300:]
+        return Sample(error=f"The GPU probe failed (exit {result.exit_code}): {said or 'no output'}")
+    return parse_line(line[-1])
+
+
+def read_lines(stream, stop) -> Iterator[bytes]:
+    """Lines of a stream (`read(n)`) until it ends or `stop()` says so."""
+    buffer = b""
+    while not stop():
+        data = stream.read(65536)
+        if not data:
+            return
+        buffer += data
+        while b"\n" in buffer:
+            line, buffer = buffer.split(b"\n", 1)
+            if line.strip():
+                yield line
+
+
+def busy_reason(foreign: list[tuple[str, Process]]) -> str:
+    """The sentence the job waits with (in the worker's log; for the job page see docs/gpus.md)."""
+    parts = []
+    for gpu_id, process in foreign:
+        user = process.user or "unknown"
+        parts.append(f"GPU {gpu_id} is in use by a process outside Mado (pid {process.pid}, user {user})")
+    return "; ".join(parts)
+
+
+def busy_wait_seconds(environ=os.environ) -> float:
+    """MMT_WORKER_GPU_BUSY_WAIT: how long a job waits for its GPUs to be free of processes outside
+    Mado before it fails to start; 0 turns the check off."""
+    text = str(environ.get(BUSY_WAIT_SETTING, "")).strip()
+    if not text:
+        return BUSY_WAIT_DEFAULT
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if value < 0:
+        log.warning("%s is seconds (0 turns the check off), not %r: waiting the default %.0f s; set a number such "
+                    "as 600", BUSY_WAIT_SETTING, text, BUSY_WAIT_DEFAULT)
+        return BUSY_WAIT_DEFAULT
+    return value
