@@ -7,8 +7,10 @@
 4. the global configuration allows root (min_uid/min_gid 0), since the tests run as root;
 5. the scheduler runs every second (`schedule_interval 0:0:1`, `flush_submit_sec 1`).
 
-One more: the queue has no load threshold, because this small shared machine's load average often
-puts a 2-slot queue in alarm state and then nothing is scheduled.
+Two more: the queue has no load threshold, because this small shared machine's load average often
+puts a 2-slot queue in alarm state and then nothing is scheduled; and no shell starts as a login shell
+(`login_shells none`): root's profile here runs `pyenv rehash`, whose lock file a job killed by qdel
+leaves behind, and every later job then waited 60 s for that lock before its first line ran.
 
 Grid Engine keeps one cell per machine (/var/lib/gridengine, /var/spool/gridengine), so a file lock
 serialises test runs that use it. Daemons this fixture starts are stopped by PID; ones that already
@@ -128,7 +130,7 @@ load_sensor none
 prolog none
 epilog none
 shell_start_mode posix_compliant
-login_shells bash,sh,ksh,csh,tcsh
+login_shells none
 min_uid 0
 min_gid 0
 user_lists none
