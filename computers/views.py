@@ -145,6 +145,7 @@ def _details_context(request, target: ComputeTarget, **extra) -> dict:
         # Who Jobs run as: the SSH user's name (not the rest of the connection) for people who use it.
         "see_ssh_user": target.kind == Kind.SSH and bool(target.ssh_user) and access.can_use(user, target),
         "machine": machine_summary(succeeded),
+        "gpu_difference": gpu_difference(target, succeeded),
         "public_url": settings.PUBLIC_URL,
         "active_jobs": list(locks.active_jobs(target)[:5]) if manageable else [],
         "details_blocks": page_blocks.render_details_blocks(request, target),
@@ -744,6 +745,25 @@ def check_suggestions(check: ConnectionCheck | None) -> dict:
         "workdirs": [w for w in result.get("workdirs", []) if isinstance(w, dict)],
         "pythons": pythons,
     }
+
+
+def gpu_difference(target: ComputeTarget, check: ConnectionCheck | None) -> dict | None:
+    """The registered GPU IDs against the GPUs the last succeeded check found, when they differ (a
+    computer added before its GPUs, a card added or replaced): {found, registered} as IDs to show. A
+    registered ID names a GPU by nvidia-smi's index or its UUID. None when they agree, or when the check
+    did not read the GPUs (its gpu item failed or was not checked)."""
+    result = (check.result or {}) if check is not None and check.status == CheckStatus.SUCCEEDED else {}
+    item = next((i for i in result.get("items", []) if isinstance(i, dict) and i.get("key") == "gpu"), None)
+    if item is None or item.get("status") not in (ItemStatus.OK, ItemStatus.NONE):
+        return None
+    found = check_suggestions(check)["gpus"]
+    registered = [str(g) for g in target.gpu_ids or []]
+    names = [{str(g["index"]), str(g.get("uuid") or "")} for g in found]
+    unknown = [g for g in registered if not any(g in n for n in names)]
+    unregistered = [n for n in names if not n & set(registered)]
+    if not unknown and not unregistered:
+        return None
+    return {"found": [str(g["index"]) for g in found], "registered": registered}
 
 
 def machine_summary(check: ConnectionCheck | None) -> dict | None:

@@ -6,7 +6,8 @@ page polls its table every 10 s with HTMX.
 It lives in jobs, not computers: computers sits below jobs (DESIGN §2) and may not read reservations.
 A Job of a project the reader cannot view is shown as held, without its name, link or creator.
 Three queries whatever the number of computers and GPUs: computers, reservations with their Jobs,
-the latest metric points of the holding Jobs (PostgreSQL DISTINCT ON)."""
+the latest metric points of the holding Jobs (PostgreSQL DISTINCT ON). A computer's details show its own
+row (`details_block`, registered in jobs.apps), polled the same way."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -19,6 +20,7 @@ from django.views.decorators.http import require_GET
 from computers import access as computer_access
 from jobs.models import GpuReservation, Job, Metric
 from mado import access as identity
+from mado.validation import BIGINT_MAX, as_int
 
 POLL_SECONDS = 10
 NOW_METRICS = ("utilization", "memory")
@@ -45,9 +47,12 @@ class ComputerRow:
     gpus: list[GpuCell]
 
 
-def board(user) -> list[ComputerRow]:
-    computers = [c for c in computer_access.listed_to(user).filter(enabled=True).order_by("name")
-                 if c.gpu_ids]
+def board(user, computer_id: int | None = None) -> list[ComputerRow]:
+    """Every enabled computer `user` sees, or the one `computer_id` (enabled or not: a disabled computer's
+    running Jobs still hold GPUs), with registered GPUs."""
+    listed = computer_access.listed_to(user)
+    listed = listed.filter(pk=computer_id) if computer_id is not None else listed.filter(enabled=True)
+    computers = [c for c in listed.order_by("name") if c.gpu_ids]
     reservations = (GpuReservation.objects.filter(target__in=computers)
                     .select_related("job__project", "job__created_by"))
     held = {(r.target_id, str(r.gpu_id)): r for r in reservations}
@@ -78,10 +83,23 @@ def board(user) -> list[ComputerRow]:
     return rows
 
 
+def context(user, computer_id: int | None = None) -> dict:
+    url = reverse("gpu-board") + "?fragment=board" + (f"&computer={computer_id}" if computer_id is not None else "")
+    return {"rows": board(user, computer_id), "poll_seconds": POLL_SECONDS, "poll_url": url,
+            "one_computer": computer_id is not None}
+
+
+def details_block(request, target) -> dict | None:
+    """The block on a computer's details (computers.page_blocks): this computer's row of the board."""
+    if not target.gpu_ids:
+        return None
+    return context(request.user, target.pk)
+
+
 @login_required
 @require_GET
 def gpu_board(request):
-    context = {"rows": board(request.user), "poll_seconds": POLL_SECONDS}
+    computer_id = as_int(request.GET.get("computer"), low=1, high=BIGINT_MAX)
     if request.htmx and request.GET.get("fragment") == "board":
-        return render(request, "computers/partials/_gpu_board.html", context)
-    return render(request, "computers/gpu_board.html", context)
+        return render(request, "computers/partials/_gpu_board.html", context(request.user, computer_id))
+    return render(request, "computers/gpu_board.html", context(request.user))

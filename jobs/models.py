@@ -73,6 +73,11 @@ class Job(models.Model):
     # When the periodic runner last announced this job as Not responding (audit `job.not_responding`):
     # once per silence, again only after a heartbeat newer than this (jobs.services.report_unresponsive).
     unresponsive_reported_at = models.DateTimeField(null=True, blank=True)
+    # The worker that last gave this job back unstarted (its GPUs in use outside Mado) and when: that
+    # worker does not claim it again for jobs.services.RELEASE_BACKOFF; other workers may.
+    released_by = models.ForeignKey("workers.Worker", on_delete=models.SET_NULL, null=True, blank=True,
+                                    related_name="+")
+    released_at = models.DateTimeField(null=True, blank=True)
     stop_requested_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True,
                                           related_name="+")
     stop_requested_at = models.DateTimeField(null=True, blank=True)

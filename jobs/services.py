@@ -329,7 +329,8 @@ def _claimable(worker: Worker):
     # checks the creator's right to each).
     in_its_group = spread & Q(compute_group__in=ComputeGroup.objects.filter(
         computers__in=served.values("pk")).values("pk"))
-    queued = Job.objects.filter(status=JobStatus.QUEUED, project_id=worker.project_id)
+    queued = Job.objects.filter(status=JobStatus.QUEUED, project_id=worker.project_id).exclude(
+        released_by=worker, released_at__gt=timezone.now() - RELEASE_BACKOFF)  # it gave them back (release)
     if CLUSTER_CAPABILITY not in (worker.capabilities or []):
         # A worker that cannot start replicas would run main1 alone: cluster jobs wait for one that can.
         queued = queued.filter(cluster_size=1)
@@ -457,16 +458,54 @@ def report_unresponsive() -> list[int]:
     return announced
 
 
-def _requeue(job: Job, why: str, reason: str) -> None:
-    """Back to the queue, on a locked CLAIMED job: its reservations, replicas and token go with it."""
+def _requeue(job: Job, why: str, reason: str, *, actor: Actor = SYSTEM, **fields) -> None:
+    """Back to the queue, on a locked CLAIMED job: its reservations, replicas and token go with it.
+    `fields`: more columns that change with the move (release: who gave it back)."""
     worker = job.worker
-    lifecycle.move(job, JobStatus.QUEUED, worker=None, lease_id=None, claimed_at=None, heartbeat_at=None)
+    lifecycle.move(job, JobStatus.QUEUED, worker=None, lease_id=None, claimed_at=None, heartbeat_at=None, **fields)
     GpuReservation.objects.filter(job=job).delete()
     JobReplica.objects.filter(job=job).delete()
     identity_services.revoke_job_tokens(job.pk)
     _event(job, "requeued", f"Back in the queue: {why}")
-    audit(SYSTEM, "job.requeue", job, project=job.project,
-          after={"worker": worker.worker_id if worker else None, "reason": reason})
+    audit(actor, "job.requeue", job, project=job.project,
+          after={"worker": worker.worker_id if worker else None, "reason": reason,
+                 **({"message": why} if actor is not SYSTEM else {})})
+
+
+MAX_RELEASE_REASON = 450
+# A worker that gave a job back does not get it again for this long (another worker may take it at once):
+# it waited MMT_WORKER_GPU_BUSY_WAIT already, and claiming it again at once would only wait the same again.
+RELEASE_BACKOFF = datetime.timedelta(minutes=5)
+
+
+def release(worker: Worker, job_id: int, lease_id, reason) -> Job:
+    """worker/jobs/{id}/release: the worker gives back a job it claimed and never started (its GPUs stayed
+    in use by a process outside Mado for MMT_WORKER_GPU_BUSY_WAIT, seed 002). In one transaction the job
+    goes back to the queue with its reservations, replicas and token gone, and a timeline line with the
+    reason; this worker is not handed it again for RELEASE_BACKOFF. A job whose stop was requested ends
+    canceled instead (nothing ran). A started job cannot be given back: it completes."""
+    if not isinstance(reason, str) or not reason.strip() or len(reason) > MAX_RELEASE_REASON:
+        raise ServiceError(_("reason says why the job is given back, as text of 1 to %(n)s characters.")
+                           % {"n": MAX_RELEASE_REASON}, "invalid", fields={"reason": [_("Text.")]})
+    reason = _printable(reason.strip())
+    with transaction.atomic():
+        job = leased(worker, job_id, lease_id)
+        if job.is_terminal:
+            raise Conflict(_ended(job), "job_ended")
+        if job.status != JobStatus.CLAIMED:
+            raise Conflict(_("This job has started, so it cannot go back to the queue; complete it instead."),
+                           "job_started")
+        actor = Actor(worker.account)
+        if job.stop_requested_at is not None:
+            _finish(job, JobStatus.CANCELED, EndReason.CANCELED)
+            audit(actor, "job.complete", job, project=job.project,
+                  after={"status": JobStatus.CANCELED, "end_reason": EndReason.CANCELED, "exit_code": None})
+        else:
+            _requeue(job, f"worker {worker.worker_id} gave it back: {reason}", "released", actor=actor,
+                     released_by=worker, released_at=timezone.now())
+        _count_active(worker)
+    wake_claims(job.project_id)
+    return job
 
 
 def worker_stopping(worker: Worker) -> list[int]:

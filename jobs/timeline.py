@@ -28,6 +28,7 @@ SENTENCES = [
     ("requeued", gettext_noop("Back in the queue: worker %(worker)s claimed it but never started it, and sent no "
                               "heartbeat for %(seconds)s s"), False),
     ("requeued", gettext_noop("Back in the queue: worker %(worker)s stopped before it started it"), False),
+    ("requeued", gettext_noop("Back in the queue: worker %(worker)s gave it back"), True),
     ("waiting", gettext_noop("Waiting for its GPUs"), True),
     ("started", gettext_noop("Started"), False),
     ("started", gettext_noop("Started: all %(count)s replicas run"), False),

@@ -65,7 +65,7 @@ ERROR_CODE = re.compile(r"^[a-z][a-z0-9_]*$")
 # Operations whose success takes something away from a principal (its token, its worker, its job; a
 # launcher's recreated token replaces the old one): run last and only on the prepared objects, so the
 # other operations are fuzzed with everything still working; goodbye very last.
-LAST = re.compile(r"/(revoke|disable|complete|finish|stop|lost|token)$")
+LAST = re.compile(r"/(revoke|disable|complete|finish|stop|lost|token|release)$")
 
 
 class FuzzWorld:

@@ -209,6 +209,10 @@ class ApiClient:
             body["waiting"] = waiting
         return self._leased(job_id, "heartbeat", worker_id, lease_id, body, attempts=2)
 
+    def job_release(self, job_id: int, worker_id: str, lease_id: str, reason: str) -> dict:
+        """Give a claimed, never-started job back to the queue with the reason (its GPUs busy outside Mado)."""
+        return self._leased(job_id, "release", worker_id, lease_id, {"reason": reason[:450]})
+
     def job_logs(self, job_id: int, worker_id: str, lease_id: str, chunks: list[dict]) -> dict:
         return self._leased(job_id, "logs", worker_id, lease_id, {"chunks": chunks})
 

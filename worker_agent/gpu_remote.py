@@ -216,7 +216,7 @@ def busy_reason(foreign: list[tuple[str, Process]]) -> str:
 
 def busy_wait_seconds(environ=os.environ) -> float:
     """MMT_WORKER_GPU_BUSY_WAIT: how long a job waits for its GPUs to be free of processes outside
-    Mado before it fails to start; 0 turns the check off."""
+    Mado before it gives the claim back; 0 turns the check off."""
     text = str(environ.get(BUSY_WAIT_SETTING, "")).strip()
     if not text:
         return BUSY_WAIT_DEFAULT

@@ -97,6 +97,10 @@ class LeaseRejected(Exception):
     """The server no longer gives this job to this worker."""
 
 
+class GivenBack(Exception):
+    """The job went back to the queue unstarted (worker/jobs/{id}/release): nothing of it is left here."""
+
+
 class StartFailed(Exception):
     """The job cannot start; `reason` is its end reason (input_failed when an input dataset version
     could not be delivered, start_failed otherwise)."""
@@ -252,7 +256,7 @@ class JobRunner:
                     self.check()
                     self.proceed()
                     return
-                except Stopping:
+                except (Stopping, GivenBack):
                     return
                 except LeaseRejected as exc:
                     self.drop(str(exc))
@@ -409,9 +413,9 @@ class JobRunner:
     def wait_for_free_gpus(self) -> None:
         """Reservations hold only between this app's Jobs (seed 002): a process outside Mado on one of
         the job's GPUs (someone over SSH, another scheduler) makes the job wait, still claimed, looking
-        again every few seconds for up to MMT_WORKER_GPU_BUSY_WAIT seconds; then it fails to start with
-        the reason. A process of a Mado job (MMT_JOB_ID in its environment) does not count. Without a
-        working nvidia-smi on the target nothing is checked (said once in the log)."""
+        again every few seconds for up to MMT_WORKER_GPU_BUSY_WAIT seconds; then it gives the claim back
+        to the queue with the reason (give_back). A process of a Mado job (MMT_JOB_ID in its environment)
+        does not count. Without a working nvidia-smi on the target nothing is checked (said once in the log)."""
         limit = self.manager.gpu_busy_wait
         if not self.gpu_ids or limit <= 0:
             return
@@ -435,10 +439,21 @@ class JobRunner:
                 said = reason
                 self._beat.set()  # the reason reaches the job's page with the next heartbeat, now
             if time.monotonic() >= deadline:
-                raise StartFailed(f"{reason}. The job waited {limit:.0f} s ({gpu_remote.BUSY_WAIT_SETTING}) for it "
-                                  "to end; run it again once the GPU is free, or choose other GPUs.")
+                self.give_back(f"{reason}; it waited {limit:.0f} s ({gpu_remote.BUSY_WAIT_SETTING})")
             self.pause(max(0.05, min(gpu_remote.BUSY_RECHECK_SECONDS, deadline - time.monotonic())))
         self.gpu_waiting = None
+
+    def give_back(self, reason: str) -> None:
+        """Back to the queue, unstarted (worker/jobs/{id}/release): the server hands it to another worker,
+        or to this one again after a while. The input pins on the computer go first; then nothing of the
+        job is left here. Raises GivenBack."""
+        if self.inputs_pinned:
+            self.release_inputs()
+        self.call(lambda: self.api.job_release(self.id, self.config.worker_id, self.lease, reason),
+                  "giving the claim back")
+        log.warning("job %s: gave its claim back to the queue: %s", self.id, reason)
+        self.forget()
+        raise GivenBack()
 
     def confirm_start(self) -> None:
         """A `running` heartbeat before the process starts, answered by the server: after it the job is

@@ -111,6 +111,12 @@ class JobHeartbeatSerializer(LeasedBodySerializer):
                                               "process outside Mado); shown on the job's timeline.")
 
 
+class JobReleaseSerializer(LeasedBodySerializer):
+    reason = serializers.CharField(max_length=job_services.MAX_RELEASE_REASON,
+                                   help_text="Why the worker gives the claimed job back (its GPUs stayed in use by a "
+                                             "process outside Mado); shown on the job's timeline.")
+
+
 class WorkerLogsSerializer(LeasedBodySerializer):
     chunks = LogChunkSerializer(many=True)
 
@@ -295,6 +301,17 @@ class JobHeartbeatView(LeasedJobView):
         job = job_services.heartbeat(self.worker(), job_id, lease_id=body["lease_id"], status=body.get("status"),
                                      waiting=body.get("waiting"))
         return Response({"cancel_requested": job.stop_requested_at is not None, "status": job.status})
+
+
+class JobReleaseView(LeasedJobView):
+    """A claimed job the worker will not start (its GPUs stayed busy outside Mado): back to the queue,
+    not handed to this worker again for a while (jobs.services.release)."""
+
+    @extend_schema(request=JobReleaseSerializer, responses=OpenApiTypes.OBJECT)
+    def post(self, request, job_id):
+        body = self.leased_body()
+        job = job_services.release(self.worker(), job_id, body["lease_id"], body.get("reason"))
+        return Response({"id": job.pk, "status": job.status})
 
 
 class JobLogsView(LeasedJobView):

@@ -5,7 +5,8 @@ nvidia-smi (tests/gpu/stand_in.py) first on the PATH of the computer's Python, a
   charts `system/gpu/<id>/…`;
 - a process outside Mado on the job's GPU keeps the job claimed, with the reason in the worker's log and on
   the job's page,
-  until it ends; then the job starts; past MMT_WORKER_GPU_BUSY_WAIT the job fails to start with it."""
+  until it ends; then the job starts; past MMT_WORKER_GPU_BUSY_WAIT the worker gives the claim back: the
+  job is queued again with the reason, and that worker takes it again only after a while."""
 from __future__ import annotations
 
 import getpass
@@ -16,7 +17,8 @@ import pytest
 from django.test import Client
 from django.urls import reverse
 
-from jobs.models import Metric
+from jobs import services as job_services
+from jobs.models import GpuReservation, Job, JobEvent, Metric
 from tests.agent_e2e_jobs.conftest import wait_until
 from tests.gpu.stand_in import gpu, install, write_state
 
@@ -111,11 +113,30 @@ def test_a_process_outside_mado_on_its_gpu_holds_the_job_claimed_until_it_ends(e
     assert "its GPUs are free of processes outside Mado now; starting it" in worker.output()
 
 
-def test_a_gpu_busy_past_the_wait_fails_the_start_with_the_reason(e2e, outsider):
-    stand_in(e2e, apps=[{"gpu": 0, "pid": outsider.pid, "used_memory": 2048}])
-    e2e.start_worker(MMT_WORKER_GPU_BUSY_WAIT=1)
+def test_a_gpu_busy_past_the_wait_gives_the_claim_back_with_the_reason(e2e, outsider):
+    directory, gpus = stand_in(e2e, apps=[{"gpu": 0, "pid": outsider.pid, "used_memory": 2048}])
+    worker = e2e.start_worker(MMT_WORKER_GPU_BUSY_WAIT=1)
     job = e2e.counter_job("late", 3, 0.1, gpu_ids=["0"])
-    job = e2e.wait_ended(job, timeout=60)
-    assert (job.status, job.end_reason) == ("failed", "start_failed")
-    assert job.error.startswith(f"GPU 0 is in use by a process outside Mado (pid {outsider.pid}, user ")
-    assert "MMT_WORKER_GPU_BUSY_WAIT" in job.error and e2e.starts("late") == []
+    reason = f"GPU 0 is in use by a process outside Mado (pid {outsider.pid}, user {getpass.getuser()})"
+
+    def given_back():
+        return JobEvent.objects.filter(job_id=job.pk, kind="requeued").values_list("message", flat=True).first()
+
+    line = wait_until(given_back, timeout=60, what=f"the job given back ({worker.output()[-2000:]})")
+    assert line.startswith("Back in the queue: worker ")
+    assert line.endswith(f" gave it back: {reason}; it waited 1 s (MMT_WORKER_GPU_BUSY_WAIT)")
+    after = e2e.job(job)
+    assert (after.status, after.end_reason, after.error) == ("queued", "", ""), "back in the queue, not failed"
+    assert not GpuReservation.objects.filter(job_id=job.pk).exists() and e2e.starts("late") == []
+    wait_until(lambda: str(job.pk) not in " ".join(e2e.journal()), timeout=30, what="the worker to forget the job")
+    assert "gave its claim back to the queue" in worker.output()
+    assert e2e.job(job).status == "queued", "the worker that gave it back does not take it again at once"
+
+    # Once the GPU is free and the while has passed, the same worker takes it again and runs it.
+    outsider.kill()
+    write_state(directory, gpus, [])
+    Job.objects.filter(pk=job.pk).update(released_at=after.released_at - job_services.RELEASE_BACKOFF)
+    job_services.wake_claims(job.project_id)
+    e2e.wait_ended(job, timeout=90)
+    e2e.assert_ended_once(job, "finished")
+    assert len(e2e.starts("late")) == 1
