@@ -123,7 +123,10 @@ class NetHosts:
             f"AuthorizedKeysFile {server_dir}/authorized_keys", f"AuthorizedKeysFile {self.dir}/authorized_keys")
         (server_dir / "sshd_config").write_text(config)
         log = open(server_dir / "sshd.log", "wb")  # noqa: SIM115  (sshd writes it until the fixture ends)
-        argv = ["ip", "netns", "exec", netns, SSHD, "-D", "-e", "-f", str(server_dir / "sshd_config")]
+        # Its own UTS namespace too, so `hostname` over SSH names this host (mado-a, mado-b, ...); the config
+        # path stays the last argument.
+        argv = ["ip", "netns", "exec", netns, "unshare", "--uts", "--", "sh", "-c", 'hostname "$0" && exec "$@"',
+                f"mado-{name}", SSHD, "-D", "-e", "-f", str(server_dir / "sshd_config")]
         process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         return NetHost(name=name, netns=netns, address=address, port=22, user=self.user.pw_name,
                        key_path=self.client_key, known_hosts_path=self.known_hosts, process=process)

@@ -2,8 +2,8 @@
 replicas", "Hostfiles"; seed 004: "connect to the sub containers only from the main container … just by
 running `ssh sub1`"), on three network-namespace hosts with their own sshd (conftest `hosts`).
 
-The namespaces share the machine's UTS name, so `hostname` answers the same on every host: the test
-asks `hostname -I` (the host's own address) instead, which differs per host. Like any standard sshd,
+Each host's sshd runs in a UTS namespace of its own, so `hostname` over SSH answers that host's name
+(`mado-a`, `mado-b`, `mado-c`), as on separate machines. Like any standard sshd,
 these read the login user's `~/.ssh/authorized_keys` (the `hosts` fixture's own file stays the worker's).
 The MPI program is a small C all-reduce compiled here with Debian's mpicc: the job's venv does not see
 Debian's mpi4py."""
@@ -71,7 +71,7 @@ print("ranks: " + " ".join(env[k] for k in ("RANK", "NODE_RANK", "MMT_CLUSTER_ID
 if env["MMT_CLUSTER_ROLE"] != "main":
     time.sleep(600)
 for name in ("sub1", "sub2", "main1"):
-    ran = subprocess.run(["ssh", name, "hostname", "-I"], capture_output=True, text=True, timeout=60)
+    ran = subprocess.run(["ssh", name, "hostname"], capture_output=True, text=True, timeout=60)
     print(f"ssh {name}: {ran.stdout.strip()} (exit {ran.returncode}) {ran.stderr.strip()}", flush=True)
 ran = subprocess.run(["mpirun", "--hostfile", env["MMT_CLUSTER_HOSTFILE"], "--map-by", "node",
                       "-np", env["WORLD_SIZE"], sys.argv[1]], capture_output=True, text=True, timeout=240)
@@ -152,9 +152,10 @@ def test_main1_reaches_every_replica_by_name_and_runs_mpi_across_them_then_the_k
     address = {name: computer.host for name, computer in placed.items()}
     assert len(set(address.values())) == 3, "one replica on each host"
 
-    # `ssh NAME` from main1 lands on that replica's host (its own address, see the module's docstring).
+    # `ssh NAME hostname` from main1 answers that replica's host.
+    host_name = {host.address: f"mado-{host.name}" for host in hosts}
     for name in ("sub1", "sub2", "main1"):
-        assert f"ssh {name}: {address[name]} (exit 0) " in main, main
+        assert f"ssh {name}: {host_name[address[name]]} (exit 0) " in main, main
 
     # One MPI rank per replica, in hostfile order, and the all-reduce of 1+2+3 everywhere.
     ranks = sorted(line for line in main.splitlines() if line.startswith("rank "))
