@@ -2,6 +2,7 @@
 on API tokens. File bytes go up with PUT in resumable parts and come down with GET and Range."""
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -12,12 +13,12 @@ from rest_framework import serializers
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from datasets import access, services
+from datasets import access, archive, services
 from datasets.choices import VersionStatus
 from datasets.models import DatasetVersion
 from mado.api.views import json_object, project_for
 from mado.choices import Role, Scope
-from mado.errors import Conflict
+from mado.errors import Conflict, ServiceError
 from mado.exceptions import error_body
 from mado.services import Actor
 
@@ -171,6 +172,41 @@ class VersionFileView(APIView):
                            "version_incomplete")
         entry = services.entry_for(version, path)
         return ranged_file(request, services.media(entry.file.file.name), entry.size, entry.sha256)
+
+
+class VersionArchiveView(APIView):
+    """GET [?files=a&files=b]: a complete version, or the files named, as one uncompressed tar
+    (datasets.archive); POST {"files": [...]} for more names than a URL holds. Viewers and job tokens
+    read it (direct transfer: the computer downloads with the job token)."""
+
+    required_scopes = {"GET": Scope.READ, "POST": Scope.READ}
+    parser_classes: list = []
+
+    @extend_schema(operation_id="dataset_version_archive",
+                   responses={(200, "application/x-tar"): OpenApiTypes.BINARY})
+    def get(self, request, project, dataset, version):
+        return archive.response_for(_version(request, project, dataset, version), files_parameter(request))
+
+    @extend_schema(operation_id="dataset_version_archive_part", request=OpenApiTypes.OBJECT,
+                   responses={(200, "application/x-tar"): OpenApiTypes.BINARY})
+    def post(self, request, project, dataset, version):
+        return archive.response_for(_version(request, project, dataset, version), files_parameter(request))
+
+
+def files_parameter(request) -> list[str] | None:
+    """`files` of an archive request: repeated in the query of a GET, a JSON list in a POST body
+    ({"files": [...]}); None asks for the whole version."""
+    if request.method == "POST":
+        try:
+            body = json.loads(request._request.body or b"null")
+        except (ValueError, UnicodeDecodeError):
+            body = None
+        if not isinstance(body, dict) or "files" not in body:
+            raise ServiceError('Send {"files": [paths of the manifest]} as the JSON body.', "invalid_files",
+                               fields={"files": ["Required."]})
+        return archive.clean_files(body["files"])
+    raw = request.query_params.getlist("files")
+    return archive.clean_files(raw) if raw else None
 
 
 def ranged_file(request, location, size: int, sha256: str) -> HttpResponse:

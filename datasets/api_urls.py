@@ -13,5 +13,6 @@ urlpatterns = [
     path(VERSION, api.VersionView.as_view(), name="api-dataset-version"),
     path(VERSION + "/manifest", api.VersionManifestView.as_view(), name="api-dataset-version-manifest"),
     path(VERSION + "/complete", api.VersionCompleteView.as_view(), name="api-dataset-version-complete"),
+    path(VERSION + "/archive", api.VersionArchiveView.as_view(), name="api-dataset-version-archive"),
     path(VERSION + "/files/<path:path>", api.VersionFileView.as_view(), name="api-dataset-file"),
 ]

@@ -459,7 +459,9 @@ def claim_payload(job) -> list[dict]:
                       "number": version.number, "digest": version.digest, "file_count": version.file_count,
                       "total_size": version.total_size,
                       "manifest_url": project_base + "/manifest", "files_url": project_base + "/files/",
-                      "worker_manifest_url": worker_base + "/manifest", "worker_files_url": worker_base + "/files/"})
+                      "archive_url": project_base + "/archive",
+                      "worker_manifest_url": worker_base + "/manifest", "worker_files_url": worker_base + "/files/",
+                      "worker_archive_url": worker_base + "/archive"})
     return items
 
 

@@ -8,6 +8,7 @@ Layout under `<working_dir>/.mmt-cache/datasets/` (the root):
     <hex>/users/<job>   pins: a job that uses the version (lapses when the state.json of every workspace
                         of the job, `<job>` or a cluster replica's `<job>-<replica>`, is terminal)
     <hex>/partial/      the files while they arrive
+    <hex>/verified.jsonl  the files of partial/ verified so far: a cut fetch resumes with them
     <hex>/data/         the version's files, read-only once complete
     <hex>/files.json    the manifest [{path, sha256, size}]
     <hex>/complete.json written last: the entry counts only once this exists
@@ -23,8 +24,9 @@ Commands (one JSON object per stdout line; the last line is the answer):
     ensure <root>   stdin: one JSON line {job_id, limit_bytes, version: {id, digest, total_size,
                     file_count}, mode: relay|direct, [api_url, token, manifest_url, files_url]}.
                     Pins the version for the job, waits for another fetch of it, and answers
-                    {"state": "have"} (complete already) or {"state": "send"} (relay: the worker then
-                    writes the manifest as one JSON line and the files as one uncompressed tar on stdin).
+                    {"state": "have"} (complete already) or {"state": "send", "have"?: [paths]} (relay:
+                    the worker then writes the manifest as one JSON line and, as one uncompressed tar
+                    on stdin, the files not in `have` — those a cut fetch verified, hashed again now).
                     Direct mode downloads every file itself with the job token, 8 at a time: Range
                     resume, retries after 2 s and 4 s; 404 and digest mismatch fail at once. Every
                     file's sha256 and the manifest's digest are checked before complete.json is written.
@@ -54,6 +56,9 @@ RETRY_DELAYS = (2.0, 4.0)
 BLOCK = 1 << 20
 PARALLEL = 8  # direct downloads at once
 GIB = 1 << 30
+# Failures after which nothing received is kept: wrong bytes or names in transit. A cut fetch
+# (relay_broken, download_failed, the worker gone) keeps the files it verified.
+DISTRUSTED = ("digest_mismatch", "unexpected_member", "unsafe_path", "partial_changed", "bad_request")
 
 
 class Failed(Exception):
@@ -260,12 +265,74 @@ def make_room(root, key, need, limit):
 
 # -- receiving files ------------------------------------------------------------------------------
 
-def fresh_partial(entry):
-    partial = os.path.join(entry, "partial")
-    if os.path.isdir(partial):
+def resume_partial(entry):
+    """partial/ and the files in it that an earlier, cut fetch of this version verified (its journal
+    `verified.jsonl`), each hashed again now: only a file whose bytes still match is kept as had.
+    Anything else in partial/ is overwritten when it arrives (or refused at sealing)."""
+    partial, journal = os.path.join(entry, "partial"), os.path.join(entry, "verified.jsonl")
+    have = {}
+    if os.path.isdir(partial) and os.path.isfile(journal):
+        with open(journal, "rb") as f:
+            for line in f.read().split(b"\n"):
+                try:
+                    item = json.loads(line.decode("utf-8"))
+                    path = os.path.join(partial, *safe_path(item["path"]))
+                    if not os.path.islink(path) and os.path.getsize(path) == int(item["size"]) \
+                            and file_sha256(path) == item["sha256"]:
+                        have[item["path"]] = {k: item[k] for k in ("path", "sha256", "size")}
+                except (ValueError, KeyError, TypeError, OSError, Failed):
+                    continue  # a line cut by the kill, or a file gone or changed since: fetched again
+    elif os.path.isdir(partial):
         remove_entry(partial)
-    os.makedirs(partial, 0o700)
-    return partial
+    os.makedirs(partial, 0o700, exist_ok=True)
+    write_json_lines(journal, have.values())
+    return partial, have
+
+
+def file_sha256(path):
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(BLOCK), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def write_json_lines(path, items):
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.writelines(json.dumps(i, sort_keys=True) + "\n" for i in items)
+    os.replace(tmp, path)
+
+
+class Journal:
+    """Appends one line per file verified in partial/, so that a fetch cut midway resumes with what
+    arrived: the next fetch hashes those files again and asks only for the others."""
+
+    def __init__(self, entry):
+        self.lock = threading.Lock()
+        self.file = open(os.path.join(entry, "verified.jsonl"), "a", encoding="utf-8")
+
+    def add(self, item):
+        with self.lock:
+            self.file.write(json.dumps({k: item[k] for k in ("path", "sha256", "size")}, sort_keys=True) + "\n")
+            self.file.flush()  # no fsync: the next fetch hashes the file again anyway
+
+    def close(self):
+        self.file.close()
+
+
+def check_had(items, have, entry, version):
+    """The files kept from a cut fetch must be files of this manifest with the same sha256 and size (the
+    entry's key is the manifest's digest, so anything else was changed by hand: start over)."""
+    by_path = {i["path"]: i for i in items}
+    for path, item in have.items():
+        wanted = by_path.get(path)
+        if wanted is None or wanted["sha256"] != item["sha256"] or int(wanted["size"]) != int(item["size"]):
+            remove_entry(os.path.join(entry, "partial"))
+            os.unlink(os.path.join(entry, "verified.jsonl"))
+            raise Failed("partial_changed", f"The files kept from an earlier fetch of input dataset version "
+                                            f"{version['id']} do not match its manifest; they were removed. "
+                                            "Run the job again.")
 
 
 def open_target(partial, path, append=False):
@@ -281,9 +348,10 @@ def mismatch(version, path):
                                      "bytes were corrupted in transit. Nothing was kept; run the job again.")
 
 
-def receive_tar(stream, partial, items, version):
-    """The relay tar on `stream`: exactly the manifest's files, each checked against its sha256."""
-    expected = {i["path"]: i for i in items}
+def receive_tar(stream, partial, items, version, have=(), journal=None):
+    """The relay tar on `stream`: exactly the manifest's files that are not in `have`, each checked
+    against its sha256 as it is written, and journaled once it matches."""
+    expected = {i["path"]: i for i in items if i["path"] not in have}
     seen = set()
     counter = Counting(stream)
     try:
@@ -304,6 +372,8 @@ def receive_tar(stream, partial, items, version):
                         out.write(block)
                 if digest.hexdigest() != item["sha256"]:
                     raise mismatch(version, member.name)
+                if journal is not None:
+                    journal.add(item)
     except (tarfile.TarError, EOFError) as exc:
         raise Failed("relay_broken", f"The relayed archive ended early or is damaged ({exc}); run the job again.") \
             from None
@@ -361,7 +431,7 @@ def with_retries(action, what):
             time.sleep(RETRY_DELAYS[attempt])
 
 
-def download(header, partial, version):
+def download(header, partial, version, have=(), journal=None):
     """Direct mode: the manifest, then the files PARALLEL at a time, each with Range resume; returns
     the bytes downloaded. One file after the other would spend most of the time on each small file's
     request (authentication and lookups on the server, a new connection here), not on bytes."""
@@ -375,9 +445,10 @@ def download(header, partial, version):
     items = check_manifest(with_retries(manifest, "the manifest")["items"], version)
     failed = threading.Event()
     # Large files first: the one that takes longest starts at once, the small ones fill the other slots.
-    order = sorted(items, key=lambda i: -int(i["size"]))
+    order = sorted((i for i in items if i["path"] not in have), key=lambda i: -int(i["size"]))
     with ThreadPoolExecutor(max_workers=PARALLEL) as pool:
-        pending = [pool.submit(download_file, base + header["files_url"], token, partial, version, item, failed)
+        pending = [pool.submit(download_file, base + header["files_url"], token, partial, version, item, failed,
+                               journal)
                    for item in order]
         try:
             done, _ = wait(pending, return_when=FIRST_EXCEPTION)
@@ -392,7 +463,25 @@ def download(header, partial, version):
     return items, sum(future.result() for future in pending)
 
 
-def download_file(files_url, token, partial, version, item, failed):
+def check_tree(partial, items):
+    """Exactly the manifest's paths, as regular files of the manifest's sizes, before sealing: what a
+    cut fetch left behind and nobody sent again cannot slip into a complete entry."""
+    found = {}
+    for dirpath, _, filenames in os.walk(partial):
+        for name in filenames:
+            full = os.path.join(dirpath, name)
+            found[os.path.relpath(full, partial).replace(os.sep, "/")] = full
+    expected = {i["path"]: int(i["size"]) for i in items}
+    extra = sorted(set(found) - set(expected))
+    missing = sorted(set(expected) - set(found))
+    wrong = sorted(p for p in expected if p in found and (os.path.islink(found[p])
+                                                           or os.path.getsize(found[p]) != expected[p]))
+    if extra or missing or wrong:
+        raise Failed("relay_broken", f"The cache entry does not hold exactly the version's files "
+                                     f"({(extra + missing + wrong)[0]}); run the job again.")
+
+
+def download_file(files_url, token, partial, version, item, failed, journal=None):
     """One file of a direct download, checked against its sha256; returns the bytes downloaded."""
     url = files_url + urllib.parse.quote(item["path"], safe="/")
     digest = hashlib.sha256()
@@ -419,18 +508,22 @@ def download_file(files_url, token, partial, version, item, failed):
     with_retries(fetch, item["path"])
     if digest.hexdigest() != item["sha256"]:
         raise mismatch(version, item["path"])
+    if journal is not None:
+        journal.add(item)
     return state["have"]
 
 
 def seal(entry, items, version, moved):
     """Make the partial files the entry's read-only data; complete.json last."""
     partial, data = os.path.join(entry, "partial"), os.path.join(entry, "data")
+    check_tree(partial, items)
     write_json(os.path.join(entry, "files.json"), items, 0o444)
     for dirpath, dirnames, filenames in os.walk(partial, topdown=False):
         for name in filenames:
             os.chmod(os.path.join(dirpath, name), 0o444)
         os.chmod(dirpath, 0o555)
     os.rename(partial, data)
+    os.unlink(os.path.join(entry, "verified.jsonl"))
     write_json(os.path.join(entry, "complete.json"),
                {"version_id": version["id"], "digest": version["digest"], "total_size": version["total_size"],
                 "file_count": len(items), "completed_at": time.time(), "received_bytes": moved}, 0o444)
@@ -479,19 +572,32 @@ def ensure(root, stdin):
         with Lock(os.path.join(root, ".lock")):
             evicted = make_room(root, key, size, limit)
             write_json(os.path.join(entry, "reserved.json"), {"total_size": size})
-        partial = fresh_partial(entry)
+        partial, have = resume_partial(entry)
+        journal = Journal(entry)
         try:
             if header.get("mode") == "direct":
-                say(state="fetching")
-                items, moved = download(header, partial, version)
+                say(state="fetching", **({"have": len(have)} if have else {}))
+                items, moved = download(header, partial, version, have, journal)
+                check_had(items, have, entry, version)
             else:
-                say(state="send")
+                say(state="send", **({"have": sorted(have)} if have else {}))
                 items = check_manifest(json.loads(stdin.readline().decode("utf-8") or "null"), version)
-                moved = receive_tar(stdin, partial, items, version)
+                check_had(items, have, entry, version)
+                moved = receive_tar(stdin, partial, items, version, have, journal)
+            journal.close()
             seal(entry, items, version, moved)
-        except BaseException:
-            # Nothing half-received is kept, and this job no longer holds the entry.
-            remove_entry(partial)
+        except BaseException as exc:
+            # Never complete, and this job no longer holds the entry. A fetch that was cut keeps the
+            # files it verified (partial/ and its journal) for the next fetch of this version; one that
+            # received wrong bytes or names trusts nothing it got. A fetch of another version removes
+            # what is kept as abandoned.
+            journal.close()
+            if not isinstance(exc, Failed) or exc.code in DISTRUSTED:
+                remove_entry(partial)
+                try:
+                    os.unlink(os.path.join(entry, "verified.jsonl"))
+                except OSError:
+                    pass
             for name in ("reserved.json", os.path.join("users", job)):
                 try:
                     os.unlink(os.path.join(entry, name))

@@ -2,11 +2,13 @@
 transfer", REFERENCE §6). The cache itself is `dataset_cache.py`, run on the target over the job's
 connection; this module is the worker's side of it.
 
-- relay (default): the worker reads the manifest and each file from the API with its own token under
-  the job's lease, and writes them as ONE uncompressed tar into `dataset_cache.py ensure` on the
-  existing SSH connection, block by block: nothing of the set is stored on the worker's disk. A file
-  whose download breaks resumes with Range where it broke (retries after 2 s and 4 s); 404 fails at
-  once. The target checks every file's sha256 before the version counts.
+- relay (default): the worker reads the manifest and the version's archive (one tar, one request:
+  datasets/archive.py) from the API with its own token under the job's lease, and writes its members
+  as ONE uncompressed tar into `dataset_cache.py ensure` on the existing SSH connection, block by
+  block: nothing of the set is stored on the worker's disk. Only the files the cache lacks are asked
+  for (what a cut fetch verified stays there). A download that breaks resumes without resending: the
+  member it broke in with Range, the rest with a new archive request naming them (retries after 2 s
+  and 4 s); 404 fails at once. The target checks every file's sha256 before the version counts.
 - direct: the target downloads itself with the job token (`dataset_cache.py` uses urllib); the
   worker only hands it the URLs and the token (on stdin, never in an argv).
 
@@ -22,11 +24,11 @@ import subprocess
 import tarfile
 import time
 from collections import deque
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from urllib.parse import quote
 
 import requests
+import urllib3
 
 from worker_agent.api import ApiClient, ApiError, ApiUnavailable
 from worker_agent.ssh import ConnectError
@@ -38,9 +40,6 @@ RETRY_DELAYS = (2.0, 4.0)
 BLOCK = 1 << 20
 WAIT_SECONDS = 6 * 3600.0  # for the answer while another job fetches the same version
 GIB = 1 << 30
-SMALL_FILE = 1 << 20  # fetched whole, ahead of the writer
-PREFETCH = 32  # files queued ahead of the writer: at most 32 MiB of small files in memory
-PARALLEL = 8  # downloads at once
 _SOURCE = (Path(__file__).with_name("dataset_cache.py")).read_text(encoding="utf-8")
 
 
@@ -197,27 +196,98 @@ class Relay:
 
         return self._retrying(get, f"the manifest of version {version['id']}")
 
-    def copy(self, version: dict, item: dict, write) -> None:
-        """Write the file's bytes with `write`, resuming with Range after a broken download."""
-        path = version["worker_files_url"].removeprefix("/api/") + quote(item["path"], safe="/")
-        state = {"have": 0}
+    def copy(self, version: dict, item: dict, write, start: int = 0) -> None:
+        """Write the file's bytes from `start` with `write`, resuming with Range after a broken download."""
+        state = {"have": start}
+        self._retrying(lambda: self._rest_of(version, item, write, state), f"{item['path']} of version {version['id']}")
 
-        def get():
-            headers = {"Range": f"bytes={state['have']}-"} if state["have"] else None
-            response = self.api._raw("GET", path, params=self.params, headers=headers, stream=True, read_timeout=120)
+    def _rest_of(self, version: dict, item: dict, write, state: dict) -> None:
+        """One GET of the file from state['have'] (Range when not from 0); raises when it breaks off."""
+        path = version["worker_files_url"].removeprefix("/api/") + quote(item["path"], safe="/")
+        headers = {"Range": f"bytes={state['have']}-"} if state["have"] else None
+        response = self.api._raw("GET", path, params=self.params, headers=headers, stream=True, read_timeout=120)
+        try:
+            if state["have"] and response.status_code != 206:
+                raise DatasetError("download_refused", f"The server ignored the Range request for {item['path']}.")
+            for block in response.iter_content(BLOCK):
+                block = block[:item["size"] - state["have"]]
+                write(block)
+                state["have"] += len(block)
+        finally:
+            response.close()
+        if state["have"] < item["size"]:
+            raise requests.ConnectionError(f"ended after {state['have']} of {item['size']} bytes")
+
+    def send_archive(self, version: dict, items: list[dict], write, whole: bool = False) -> None:
+        """The members of `items` as tar members (header, bytes, padding; no end blocks) with `write`,
+        from ONE archive request (worker_archive_url) rather than one request per file. A download that
+        breaks off resumes: the member it broke in is finished with a Range request of that file, and
+        the rest comes from a new archive request naming only the files still to send (POST {files}),
+        after 2 s and 4 s; three failures in a row give up, unless bytes moved meanwhile (then a new round,
+        at most three rounds). The member names and sizes are checked
+        against `items` (the manifest), so a member can never be taken for another file. `whole`: items
+        are every file of the version, which a plain GET asks for."""
+        url = (version.get("worker_archive_url") or version["worker_manifest_url"].removesuffix("/manifest")
+               + "/archive").removeprefix("/api/")
+        pending = deque(items)
+        state = {"open": None, "have": 0}  # the member whose header went out, and its bytes sent so far
+
+        def close_member(item):
+            write(b"\0" * (-item["size"] % tarfile.BLOCKSIZE))
+            pending.popleft()
+            state["open"], state["have"] = None, 0
+
+        def attempt():
+            if state["open"] is not None:  # broke off inside a member: the rest of that one file
+                self._rest_of(version, state["open"], write, state)
+                close_member(state["open"])
+            if not pending:
+                return
+            everything = whole and len(pending) == len(items)
+            response = self.api._raw("GET" if everything else "POST", url, params=self.params, stream=True,
+                                     read_timeout=120,
+                                     headers=None if everything else {"Content-Type": "application/json"},
+                                     data=None if everything else json.dumps({"files": [i["path"] for i in pending]}))
             try:
-                if state["have"] and response.status_code != 206:
-                    raise DatasetError("download_refused", f"The server ignored the Range request for {item['path']}.")
-                for block in response.iter_content(BLOCK):
-                    block = block[:item["size"] - state["have"]]
-                    write(block)
-                    state["have"] += len(block)
+                response.raw.decode_content = True
+                with tarfile.open(fileobj=response.raw, mode="r|", bufsize=BLOCK) as archive:
+                    for member in archive:
+                        item = pending[0] if pending else None
+                        if item is None or member.name != item["path"] or member.size != item["size"] \
+                                or not member.isfile():
+                            raise DatasetError("download_refused", f"The server's archive of version {version['id']}"
+                                               f" holds {member.name!r} where {item and item['path']!r} was expected;"
+                                               " update the worker or the server.")
+                        write(tar_header(item["path"], item["size"]))
+                        state["open"] = item
+                        source = archive.extractfile(member)
+                        for block in iter(lambda: source.read(BLOCK), b""):
+                            write(block)
+                            state["have"] += len(block)
+                        if state["have"] < item["size"]:
+                            raise requests.ConnectionError(f"the archive ended inside {item['path']}")
+                        close_member(item)
+                while response.raw.read(BLOCK):
+                    pass  # the end blocks tarfile stopped at: a drained answer keeps the connection
+            except BrokenPipeError:
+                raise  # the target stopped reading: its answer says why
+            except (tarfile.TarError, EOFError, OSError, urllib3.exceptions.HTTPError) as exc:
+                raise requests.ConnectionError(f"the archive broke off ({type(exc).__name__}: {exc})") from None
             finally:
                 response.close()
-            if state["have"] < item["size"]:
-                raise requests.ConnectionError(f"ended after {state['have']} of {item['size']} bytes")
+            if pending:
+                raise requests.ConnectionError(f"the archive ended before {pending[0]['path']}")
 
-        self._retrying(get, f"{item['path']} of version {version['id']}")
+        for tries in range(len(RETRY_DELAYS) + 1):
+            before = len(pending), state["have"]
+            try:
+                return self._retrying(attempt, f"the archive of version {version['id']}")
+            except DatasetError as exc:
+                # A break that still moved bytes starts a fresh round of retries: only a stream that
+                # makes no progress three times in a row gives up.
+                if exc.code != "download_failed" or (len(pending), state["have"]) == before \
+                        or tries == len(RETRY_DELAYS):
+                    raise
 
 
 def tar_header(path: str, size: int) -> bytes:
@@ -226,46 +296,14 @@ def tar_header(path: str, size: int) -> bytes:
     return info.tobuf(format=tarfile.PAX_FORMAT, encoding="utf-8", errors="strict")
 
 
-def _whole(relay: Relay, version: dict, item: dict) -> bytes:
-    parts: list[bytes] = []
-    relay.copy(version, item, parts.append)
-    return b"".join(parts)
-
-
-def send_tar(duplex: Duplex, relay: Relay, version: dict) -> None:
-    """The manifest line, then the tar. Small files are fetched a few at a time ahead of the writer
-    (at most PREFETCH of them in memory), because one request per small file would otherwise cost a
-    round trip each; large files stream straight from the HTTP answer into the SSH channel."""
+def send_tar(duplex: Duplex, relay: Relay, version: dict, have: frozenset = frozenset()) -> None:
+    """The manifest line, then the tar of the files the cache does not hold verified yet (`have`: what
+    an earlier, cut fetch of this version left there), from one archive request."""
     items = relay.manifest(version)
     duplex.write((json.dumps(items) + "\n").encode("utf-8"))
-    with ThreadPoolExecutor(max_workers=PARALLEL, thread_name_prefix="dataset-relay") as pool:
-        ahead: deque = deque()
-        upcoming = iter(enumerate(items))
-
-        def refill():
-            while len(ahead) < PREFETCH:
-                nxt = next(upcoming, None)
-                if nxt is None:
-                    return
-                _, item = nxt
-                small = item["size"] <= SMALL_FILE
-                ahead.append((item, pool.submit(_whole, relay, version, item) if small else None))
-
-        try:
-            refill()
-            while ahead:
-                item, future = ahead.popleft()
-                duplex.write(tar_header(item["path"], item["size"]))
-                if future is not None:
-                    duplex.write(future.result())
-                else:
-                    relay.copy(version, item, duplex.write)
-                duplex.write(b"\0" * (-item["size"] % tarfile.BLOCKSIZE))
-                refill()
-        finally:
-            for _, future in ahead:
-                if future is not None:
-                    future.cancel()
+    wanted = [item for item in items if item["path"] not in have]
+    if wanted:
+        relay.send_archive(version, wanted, duplex.write, whole=len(wanted) == len(items))
     duplex.write(b"\0" * (2 * tarfile.BLOCKSIZE))
     duplex.close_write()
 
@@ -298,7 +336,7 @@ def ensure_version(connection, relay: Relay, job: dict, version: dict, *, python
             answer = duplex.message()
         if answer is not None and answer.get("state") == "send":
             try:
-                send_tar(duplex, relay, version)
+                send_tar(duplex, relay, version, frozenset(answer.get("have") or ()))
             except BrokenPipeError:
                 pass  # the target stopped reading: its answer says why
             except DatasetError:

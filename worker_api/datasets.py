@@ -7,8 +7,8 @@ from drf_spectacular.utils import OpenApiTypes, extend_schema
 from rest_framework import serializers
 from rest_framework.response import Response
 
-from datasets import services
-from datasets.api import ranged_file
+from datasets import archive, services
+from datasets.api import files_parameter, ranged_file
 from datasets.models import DatasetVersion
 from jobs import services as job_services
 from jobs.choices import HELD_STATUSES
@@ -60,6 +60,26 @@ class WorkerInputFileView(QueryLeaseMixin, WorkerView):
         version = _leased_input(self, request, job_id, version)
         entry = services.entry_for(version, path)
         return ranged_file(request, services.media(entry.file.file.name), entry.size, entry.sha256)
+
+
+class WorkerInputArchiveView(QueryLeaseMixin, WorkerView):
+    """GET ?worker_id=&lease_id=[&files=…]: an input version as one uncompressed tar (datasets.archive),
+    the whole version or the files named; POST {"files": [...]} with the same query names more files
+    than a URL holds (the part of a version that a cache lacks)."""
+
+    required_scopes = {"GET": Scope.WORKER_EXECUTE, "POST": Scope.WORKER_EXECUTE}
+
+    @extend_schema(operation_id="worker_job_dataset_archive", parameters=lease_query(),
+                   responses={(200, "application/x-tar"): OpenApiTypes.BINARY})
+    def get(self, request, job_id, version):
+        version = _leased_input(self, request, job_id, version)
+        return archive.response_for(version, files_parameter(request))
+
+    @extend_schema(operation_id="worker_job_dataset_archive_part", parameters=lease_query(),
+                   request=OpenApiTypes.OBJECT, responses={(200, "application/x-tar"): OpenApiTypes.BINARY})
+    def post(self, request, job_id, version):
+        version = _leased_input(self, request, job_id, version)
+        return archive.response_for(version, files_parameter(request))
 
 
 class WorkerCacheUsageView(LeasedJobView):

@@ -16,6 +16,7 @@ urlpatterns = [
     path("worker/claim", views.JobClaimView.as_view(), name="api-worker-claim"),
     path("worker/resume", views.JobResumeView.as_view(), name="api-worker-resume"),
     path("worker/jobs/<int:job_id>/heartbeat", views.JobHeartbeatView.as_view(), name="api-worker-job-heartbeat"),
+    path("worker/jobs/<int:job_id>/release", views.JobReleaseView.as_view(), name="api-worker-job-release"),
     path("worker/jobs/<int:job_id>/logs", views.JobLogsView.as_view(), name="api-worker-job-logs"),
     path("worker/jobs/<int:job_id>/metrics", views.JobMetricsView.as_view(), name="api-worker-job-metrics"),
     path("worker/jobs/<int:job_id>/outputs", views.JobOutputsView.as_view(), name="api-worker-job-outputs"),
@@ -30,6 +31,7 @@ urlpatterns = [
          name="api-worker-job-dataset-manifest"),
     path(WORKER_INPUT + "/files/<path:path>", datasets.WorkerInputFileView.as_view(),
          name="api-worker-job-dataset-file"),
+    path(WORKER_INPUT + "/archive", datasets.WorkerInputArchiveView.as_view(), name="api-worker-job-dataset-archive"),
     path("worker/jobs/<int:job_id>/dataset-cache", datasets.WorkerCacheUsageView.as_view(),
          name="api-worker-job-dataset-cache"),
 ]
