@@ -12,7 +12,7 @@ from computers.models import CONNECTION_FIELDS
 
 CONNECTION_VALUES = ["name", "visibility", *CONNECTION_FIELDS]
 SETTINGS_VALUES = ["working_dir", "python_path", "cpu_arch", "runtimes", "gpu_ids", "concurrency", "dataset_transfer",
-                   "dataset_cache_limit_gib", "enabled"]
+                   "dataset_cache_limit_gib", "gpu_busy_wait_seconds", "enabled"]
 
 
 def kind_choices() -> list[tuple[str, str]]:
@@ -100,6 +100,10 @@ class SettingsForm(forms.Form):
                                          help_text=_("How input datasets are fetched"))
     dataset_cache_limit_gib = forms.IntegerField(label=_("Dataset cache limit (GiB)"), required=False, initial=100,
                                                  help_text=_("Limit of the dataset cache on the target"))
+    gpu_busy_wait_seconds = forms.IntegerField(
+        label=_("Wait for GPUs busy outside Mado (seconds)"), required=False, initial=600,
+        help_text=_("A job whose GPUs a process outside Mado uses waits this long, then goes back to the queue. "
+                    "0 starts it at once. Default 600 (10 minutes)"))
     enabled = forms.BooleanField(label=_("Enabled"), required=False,
                                  help_text=_("When enabled, Jobs start running on this computer"))
 
@@ -117,6 +121,8 @@ class SettingsForm(forms.Form):
         data["concurrency"] = "" if data["concurrency"] is None else data["concurrency"]
         if data["dataset_cache_limit_gib"] is None:
             data["dataset_cache_limit_gib"] = ""
+        if data["gpu_busy_wait_seconds"] is None:
+            data["gpu_busy_wait_seconds"] = ""  # the service's default, 600
         data["enabled"] = bool(data["enabled"])
         return data
 

@@ -24,6 +24,9 @@ from computers.choices import (
 )
 from mado.errors import Conflict
 
+# A day: a longer wait holds a claim (and its GPUs) for nothing; give it back and let the queue decide.
+GPU_BUSY_WAIT_MAX_SECONDS = 86400
+GPU_BUSY_WAIT_DEFAULT_SECONDS = 600
 CONNECTION_FIELDS = ["host", "port", "ssh_user", "ssh_key_path", "known_hosts_path"]
 
 
@@ -49,6 +52,11 @@ class ComputeTarget(models.Model):
                                         default=DatasetTransfer.RELAY)
     dataset_cache_limit_gib = models.PositiveIntegerField(_("Dataset cache limit (GiB)"), default=100,
                                                           validators=[MinValueValidator(1)])
+    # Seconds, so a short wait can be set (and tested) without waiting minutes; the pages show the
+    # default as 600 (10 minutes, seed 002). 0 turns the check for processes outside Mado off.
+    gpu_busy_wait_seconds = models.PositiveIntegerField(
+        _("Wait for GPUs busy outside Mado (seconds)"), default=GPU_BUSY_WAIT_DEFAULT_SECONDS,
+        validators=[MaxValueValidator(GPU_BUSY_WAIT_MAX_SECONDS)])
     last_check_worker = models.ForeignKey("workers.Worker", on_delete=models.SET_NULL, null=True, blank=True,
                                           related_name="+")
     created_at = models.DateTimeField(default=timezone.now)

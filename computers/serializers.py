@@ -11,7 +11,7 @@ PUBLIC_FIELDS = ["id", "name", "kind", "visibility", "enabled"]
 # ssh_user: who Jobs run as (issue 14, finding 6) — on a Public SSH computer every project's Jobs run as
 # this one account, so the people who use it may know its name. Host, port and key paths stay hidden.
 USER_FIELDS = ["cpu_arch", "runtimes", "gpu_ids", "concurrency", "dataset_transfer", "dataset_cache_limit_gib",
-               "ssh_user"]
+               "gpu_busy_wait_seconds", "ssh_user"]
 MANAGER_FIELDS = [*CONNECTION_FIELDS, "working_dir", "python_path"]
 
 
@@ -93,6 +93,10 @@ class ComputerInputSerializer(serializers.Serializer):
     concurrency = serializers.IntegerField(required=False, min_value=1, max_value=128)
     dataset_transfer = serializers.ChoiceField(choices=["relay", "direct"], required=False)
     dataset_cache_limit_gib = serializers.IntegerField(required=False, min_value=1)
+    gpu_busy_wait_seconds = serializers.IntegerField(
+        required=False, min_value=0, max_value=86400,
+        help_text="How long a job waits for its GPUs to be free of processes outside Mado before the worker "
+                  "gives the claim back; 0 turns the check off. Default 600 (10 minutes).")
 
 
 class CheckRequestSerializer(serializers.Serializer):

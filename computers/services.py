@@ -30,7 +30,14 @@ from computers.choices import (
     Runtime,
     Visibility,
 )
-from computers.models import CONNECTION_FIELDS, ComputeTarget, ConnectionCheck, DirectoryRead
+from computers.models import (
+    CONNECTION_FIELDS,
+    GPU_BUSY_WAIT_DEFAULT_SECONDS,
+    GPU_BUSY_WAIT_MAX_SECONDS,
+    ComputeTarget,
+    ConnectionCheck,
+    DirectoryRead,
+)
 from mado.errors import Conflict, Forbidden, ServiceError
 from mado.services import SYSTEM, Actor, audit
 from mado.validation import NAME_PATTERN, as_int, int_field
@@ -46,7 +53,8 @@ CHECKS_CHANNEL = "mado_checks"
 READS_CHANNEL = "mado_reads"
 _last_expiry = 0.0
 EDITABLE_FIELDS = ["name", "visibility", "enabled", *CONNECTION_FIELDS, "working_dir", "python_path", "cpu_arch",
-                   "runtimes", "gpu_ids", "concurrency", "dataset_transfer", "dataset_cache_limit_gib"]
+                   "runtimes", "gpu_ids", "concurrency", "dataset_transfer", "dataset_cache_limit_gib",
+                   "gpu_busy_wait_seconds"]
 # The locked fields by the names the Edit dialog gives them.
 LOCKED_LABELS = {
     "kind": gettext_lazy("Type"), "host": gettext_lazy("Host"), "port": gettext_lazy("Port"),
@@ -257,6 +265,12 @@ def _clean(data: dict, *, target: ComputeTarget | None) -> dict:
     out["dataset_cache_limit_gib"] = int_field(data.get("dataset_cache_limit_gib", 100), 1, 1_000_000,
                                              "dataset_cache_limit_gib", errors,
                                              _("The dataset cache limit is from 1 to 1,000,000 GiB."))
+    raw = data.get("gpu_busy_wait_seconds")
+    out["gpu_busy_wait_seconds"] = int_field(
+        GPU_BUSY_WAIT_DEFAULT_SECONDS if raw in (None, "") else raw, 0, GPU_BUSY_WAIT_MAX_SECONDS,
+        "gpu_busy_wait_seconds", errors,
+        _("The wait for GPUs busy outside Mado is from 0 (no check) to %(max)s seconds (a day).")
+        % {"max": f"{GPU_BUSY_WAIT_MAX_SECONDS:,}"})
     out["enabled"] = data.get("enabled", False)
     if not isinstance(out["enabled"], bool):
         errors["enabled"] = [_("enabled is true or false.")]

@@ -380,6 +380,7 @@ def _render_settings(request, target, *, check=None, worker=None, form=None):
             "concurrency": len(gpu_ids) if gpus else target.concurrency,
             "dataset_transfer": target.dataset_transfer,
             "dataset_cache_limit_gib": target.dataset_cache_limit_gib,
+            "gpu_busy_wait_seconds": target.gpu_busy_wait_seconds,
             "enabled": True,
         })
     _mark_follow(form)
@@ -460,6 +461,7 @@ def _edit_form(request, target, *, data=None, initial=None, jobs=None) -> EditFo
         "gpu_detected": [str(g.get("index")) for g in gpus if str(g.get("index")) in target.gpu_ids],
         "dataset_transfer": target.dataset_transfer, "enabled": target.enabled,
         "dataset_cache_limit_gib": target.dataset_cache_limit_gib,
+        "gpu_busy_wait_seconds": target.gpu_busy_wait_seconds,
     })
     # Worker for this connection starts with the worker of the last check, if it is online.
     last = target.last_check_worker_id

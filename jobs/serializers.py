@@ -89,7 +89,8 @@ def worker_job_payload(job: Job, token: str | None) -> dict:
 def worker_computer(target) -> dict:
     return {"id": target.pk, "name": target.name, **target.connection(), "working_dir": target.working_dir,
             "python_path": target.python_path, "runtimes": target.runtimes,
-            "dataset_transfer": target.dataset_transfer, "dataset_cache_limit_gib": target.dataset_cache_limit_gib}
+            "dataset_transfer": target.dataset_transfer, "dataset_cache_limit_gib": target.dataset_cache_limit_gib,
+            "gpu_busy_wait_seconds": target.gpu_busy_wait_seconds}
 
 
 def worker_cluster(job: Job) -> dict:

@@ -474,13 +474,13 @@ def _requeue(job: Job, why: str, reason: str, *, actor: Actor = SYSTEM, **fields
 
 MAX_RELEASE_REASON = 450
 # A worker that gave a job back does not get it again for this long (another worker may take it at once):
-# it waited MMT_WORKER_GPU_BUSY_WAIT already, and claiming it again at once would only wait the same again.
+# it waited the computer's gpu_busy_wait_seconds already, and claiming it again at once would only wait the same again.
 RELEASE_BACKOFF = datetime.timedelta(minutes=5)
 
 
 def release(worker: Worker, job_id: int, lease_id, reason) -> Job:
     """worker/jobs/{id}/release: the worker gives back a job it claimed and never started (its GPUs stayed
-    in use by a process outside Mado for MMT_WORKER_GPU_BUSY_WAIT, seed 002). In one transaction the job
+    in use by a process outside Mado for the computer's gpu_busy_wait_seconds, seed 002). In one transaction the job
     goes back to the queue with its reservations, replicas and token gone, and a timeline line with the
     reason; this worker is not handed it again for RELEASE_BACKOFF. A job whose stop was requested ends
     canceled instead (nothing ran). A started job cannot be given back: it completes."""

@@ -31,11 +31,47 @@ BUSY_WAIT_DEFAULT = 600.0
 BUSY_RECHECK_SECONDS = 5.0
 
 # Runs on the target with the computer's Python (3.6+; standard library only). argv: interval seconds
-# (0: one sample, then exit). Exits after a sample whose nvidia-smi failed: that does not heal by itself.
+# (0: one sample, then exit), the queries, then optionally "gpus"/"nogpus" and the job's state.json (the
+# supervisor's, with the pgid of the job's process group): with one, each line also carries the CPU
+# ticks and resident memory of that group's processes read from /proc. Without a state.json it exits
+# after a sample whose nvidia-smi failed (that does not heal by itself); with one it says the error once
+# and goes on sampling the CPU and memory only.
 PROBE = r'''
 import json, os, pwd, shutil, subprocess, sys, time
 QUERY_GPU, QUERY_APPS, FORMAT = sys.argv[2], sys.argv[3], sys.argv[4]
 interval = float(sys.argv[1])
+want_gpus = len(sys.argv) <= 5 or sys.argv[5] == "gpus"
+state_path = sys.argv[6] if len(sys.argv) > 6 else ""
+PAGE = os.sysconf("SC_PAGE_SIZE")
+def group():
+    try:
+        return read_group()
+    except Exception as exc:  # a probe that dies here would take the GPU samples with it
+        return {"error": repr(exc)[:200]}
+def read_group():
+    try:
+        with open(state_path) as f:
+            state = json.load(f)
+        pgid = int(state.get("pgid") or 0)
+    except (OSError, ValueError, TypeError, AttributeError):
+        return None
+    if pgid <= 0:
+        return None
+    ticks = rss = count = 0
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open("/proc/" + name + "/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[2]) != pgid or fields[0] in ("Z", "X"):
+            continue
+        ticks += int(fields[11]) + int(fields[12])
+        rss += int(fields[21]) * PAGE
+        count += 1
+    return {"ticks": ticks, "hz": os.sysconf("SC_CLK_TCK"), "rss": rss, "processes": count}
 def smi(query):
     exe = shutil.which("nvidia-smi")
     if exe is None:
@@ -69,25 +105,35 @@ def owner(pid):
     return [user, job]
 while True:
     sample = {"time": time.time()}
-    gpus, error, code = smi("--query-gpu=" + QUERY_GPU)
-    if error is None:
-        apps, error, code = smi("--query-compute-apps=" + QUERY_APPS)
-    if error is not None:
-        sample.update(error=error, exit=code)
-    else:
-        sample.update(gpus=gpus, apps=apps)
-        pids = set(line.split(",")[1].strip() for line in apps.splitlines() if line.count(",") >= 2)
-        sample["owners"] = dict((pid, owner(pid)) for pid in pids if pid.isdigit())
+    error = None
+    if want_gpus:
+        gpus, error, code = smi("--query-gpu=" + QUERY_GPU)
+        if error is None:
+            apps, error, code = smi("--query-compute-apps=" + QUERY_APPS)
+        if error is not None:
+            sample.update(error=error, exit=code)
+            want_gpus = False
+        else:
+            sample.update(gpus=gpus, apps=apps)
+            pids = set(line.split(",")[1].strip() for line in apps.splitlines() if line.count(",") >= 2)
+            sample["owners"] = dict((pid, owner(pid)) for pid in pids if pid.isdigit())
+    if state_path:
+        sample["group"] = group()
     sys.stdout.write(json.dumps(sample) + "\n")
     sys.stdout.flush()
-    if interval <= 0 or error is not None:
+    if interval <= 0 or (error is not None and not state_path):
         break
     time.sleep(interval)
 '''
 
 
-def probe_command(python: str, interval: float) -> list[str]:
-    return [python or "python3", "-I", "-c", PROBE, f"{interval:g}", QUERY_GPU, QUERY_APPS, FORMAT]
+def probe_command(python: str, interval: float, *, gpus: bool = True, state_path: str = "") -> list[str]:
+    """`state_path`: the job's state.json on the target, to sample its process group's CPU and memory
+    too; `gpus=False` leaves nvidia-smi alone (a job without GPUs, or GPUs NVML reads on this machine)."""
+    argv = [python or "python3", "-I", "-c", PROBE, f"{interval:g}", QUERY_GPU, QUERY_APPS, FORMAT]
+    if state_path:
+        argv += ["gpus" if gpus else "nogpus", state_path]
+    return argv
 
 
 @dataclass
@@ -111,11 +157,24 @@ class Process:
 
 
 @dataclass
+class Group:
+    """The job's process group on the target at one moment: CPU time so far (clock ticks of its live
+    processes), resident memory (bytes) and how many processes."""
+
+    time: float
+    ticks: int
+    hz: int
+    rss: int
+    processes: int
+
+
+@dataclass
 class Sample:
     gpus: list[Gpu] = field(default_factory=list)
     processes: list[Process] = field(default_factory=list)
     error: str | None = None
     size: int = 0  # bytes of the line that carried it
+    group: Group | None = None
 
     def gpu(self, gpu_id: str) -> Gpu | None:
         """A registered GPU ID is nvidia-smi's index, or a UUID (`GPU-…`)."""
@@ -147,9 +206,10 @@ def parse_line(line: bytes | str) -> Sample:
         data = json.loads(line)
     except ValueError:
         return Sample(error=f"The GPU probe printed something unexpected: {str(line)[:200]!r}", size=size)
+    sample = Sample(size=size, group=_group(data))
     if data.get("error"):
-        return Sample(error=str(data["error"]), size=size)
-    sample = Sample(size=size)
+        sample.error = str(data["error"])
+        return sample
     for row in (data.get("gpus") or "").splitlines():
         cells = [c.strip() for c in row.split(",")]
         if len(cells) < 7:
@@ -163,6 +223,33 @@ def parse_line(line: bytes | str) -> Sample:
         user, job = (owners.get(cells[1]) or [None, None])[:2]
         sample.processes.append(Process(cells[0], int(cells[1]), _number(cells[2]), user, job))
     return sample
+
+
+def _group(data: dict) -> Group | None:
+    group = data.get("group")
+    if not isinstance(group, dict):
+        return None
+    try:
+        return Group(float(data.get("time") or 0), int(group["ticks"]), int(group["hz"]) or 100, int(group["rss"]),
+                     int(group["processes"]))
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def host_points(group: Group | None, before: Group | None, step: int, timestamp: str) -> list[dict]:
+    """The job's process tree on its computer: `system/cpu/utilization` in percent of one core (as top
+    shows a process: 250 is two and a half cores busy), from the CPU time between two samples, and
+    `system/memory/rss_bytes`, resident memory summed over its processes (shared pages count once per
+    process). The first sample has no CPU figure; CPU time of processes that ended in between is lost,
+    so a drop is shown as 0, not negative."""
+    if group is None or group.processes == 0:
+        return []
+    points = [{"name": "system/memory/rss_bytes", "value": float(group.rss), "step": step, "timestamp": timestamp}]
+    if before is not None and group.time > before.time:
+        busy = max(0, group.ticks - before.ticks) / group.hz
+        points.append({"name": "system/cpu/utilization", "value": round(100.0 * busy / (group.time - before.time), 1),
+                       "step": step, "timestamp": timestamp})
+    return points
 
 
 def metric_points(sample: Sample, gpu_ids: list[str], step: int, timestamp: str) -> list[dict]:
@@ -212,6 +299,16 @@ def busy_reason(foreign: list[tuple[str, Process]]) -> str:
         user = process.user or "unknown"
         parts.append(f"GPU {gpu_id} is in use by a process outside Mado (pid {process.pid}, user {user})")
     return "; ".join(parts)
+
+
+def busy_wait_for(computer: dict, fallback: float) -> tuple[float, str]:
+    """How long a job waits for its GPUs, and where that came from (said with the reason when the claim
+    goes back): the computer's setting, which the server sends in the claim (gpu_busy_wait_seconds);
+    a server from before that field sends none, and the worker's MMT_WORKER_GPU_BUSY_WAIT decides."""
+    value = computer.get("gpu_busy_wait_seconds")
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0:
+        return float(value), "the computer's setting"
+    return fallback, BUSY_WAIT_SETTING
 
 
 def busy_wait_seconds(environ=os.environ) -> float:

@@ -413,10 +413,11 @@ class JobRunner:
     def wait_for_free_gpus(self) -> None:
         """Reservations hold only between this app's Jobs (seed 002): a process outside Mado on one of
         the job's GPUs (someone over SSH, another scheduler) makes the job wait, still claimed, looking
-        again every few seconds for up to MMT_WORKER_GPU_BUSY_WAIT seconds; then it gives the claim back
-        to the queue with the reason (give_back). A process of a Mado job (MMT_JOB_ID in its environment)
-        does not count. Without a working nvidia-smi on the target nothing is checked (said once in the log)."""
-        limit = self.manager.gpu_busy_wait
+        again every few seconds for up to the computer's wait (gpu_busy_wait_seconds in the claim;
+        gpu_remote.busy_wait_for); then it gives the claim back to the queue with the reason (give_back). A
+        process of a Mado job (MMT_JOB_ID in its environment) does not count. Without a working nvidia-smi
+        on the target nothing is checked (said once in the log)."""
+        limit, source = gpu_remote.busy_wait_for(self.computer, self.manager.gpu_busy_wait)
         if not self.gpu_ids or limit <= 0:
             return
         deadline = time.monotonic() + limit
@@ -439,7 +440,7 @@ class JobRunner:
                 said = reason
                 self._beat.set()  # the reason reaches the job's page with the next heartbeat, now
             if time.monotonic() >= deadline:
-                self.give_back(f"{reason}; it waited {limit:.0f} s ({gpu_remote.BUSY_WAIT_SETTING})")
+                self.give_back(f"{reason}; it waited {limit:.0f} s ({source})")
             self.pause(max(0.05, min(gpu_remote.BUSY_RECHECK_SECONDS, deadline - time.monotonic())))
         self.gpu_waiting = None
 
@@ -1631,14 +1632,18 @@ class JobManager:
             nvml = self.telemetry.available
             with self.cond:
                 running = [r for r in self.runners.values()
-                           if r.started and r.gpu_ids and not r.done.is_set() and not is_cluster(r.job)]
+                           if r.started and not r.done.is_set() and not is_cluster(r.job)]
             for runner in running:
-                if (not (nvml and same_machine(runner.computer)) and runner.gpu_sampler is None
-                        and runner.record.get("final") is None):
-                    runner.gpu_sampler = threading.Thread(target=self.sample_remote, args=(runner,),
-                                                          name=f"job-{runner.id}-gpus", daemon=True)
+                # Every job gets the probe, for its process tree's CPU and memory; it asks nvidia-smi too
+                # unless the job has no GPUs or NVML reads them here.
+                if runner.gpu_sampler is None and runner.record.get("final") is None:
+                    runner.gpu_sampler = threading.Thread(
+                        target=self.sample_remote, args=(runner,),
+                        kwargs={"gpus": bool(runner.gpu_ids) and not (nvml and same_machine(runner.computer))},
+                        name=f"job-{runner.id}-probe", daemon=True)
                     runner.gpu_sampler.start()
-            due = [r for r in running if nvml and same_machine(r.computer) and now - r.sampled_at >= INTERVAL_SECONDS]
+            due = [r for r in running
+                   if r.gpu_ids and nvml and same_machine(r.computer) and now - r.sampled_at >= INTERVAL_SECONDS]
             if not due:
                 continue
             stamp = now_iso()
@@ -1654,18 +1659,21 @@ class JobManager:
                 except ApiError as exc:
                     log.debug("job %s: GPU metrics not delivered: %s", runner.id, exc)
 
-    def sample_remote(self, runner: JobRunner) -> None:
-        """The job's GPUs from nvidia-smi on its computer while it runs: one probe (gpu_remote.PROBE)
-        printing a line every INTERVAL_SECONDS over the connection the worker holds, started again
-        after the connection breaks. A probe that cannot read the GPUs (no nvidia-smi, no devices) is
-        said once and not tried again for this job."""
+    def sample_remote(self, runner: JobRunner, gpus: bool = True) -> None:
+        """The job on its computer while it runs: one probe (gpu_remote.PROBE) printing a line every
+        INTERVAL_SECONDS over the connection the worker holds (a Local computer's is a local process),
+        started again after the connection breaks: the CPU and memory of the job's process group (its
+        pgid from the supervisor's state.json) and, with `gpus`, its GPUs from nvidia-smi. GPUs that
+        cannot be read (no nvidia-smi, no devices) are said once and not asked again for this job."""
         def over() -> bool:
             return self.stop_event.is_set() or runner.done.is_set() or runner.record.get("final") is not None
 
         failures = 0
-        argv = gpu_remote.probe_command(runner.python, INTERVAL_SECONDS)
+        state_path = f"{runner.job_dir}/state.json" if runner.job_dir else ""
+        before: gpu_remote.Group | None = None
         try:
             while not over():
+                argv = gpu_remote.probe_command(runner.python, INTERVAL_SECONDS, gpus=gpus, state_path=state_path)
                 try:
                     connection = self.pool.get(Target.from_api(runner.computer))
                     # StreamStalled (a ConnectionError) when no line came for three intervals and a minute.
@@ -1675,11 +1683,17 @@ class JobManager:
                             if sample.error:
                                 log.info("job %s: no GPU telemetry from %s: %s", runner.id,
                                          runner.computer.get("name"), sample.error)
-                                return
+                                gpus = False
+                                if not state_path:
+                                    return
                             failures = 0
-                            self.post_gpu_sample(runner, sample)
+                            self.post_gpu_sample(runner, sample, before)
+                            before = sample.group or before
+                    if not over():
+                        log.info("job %s: the probe on %s ended; starting it again", runner.id,
+                                 runner.computer.get("name"))
                 except TRANSIENT as exc:
-                    log.debug("job %s: GPU telemetry stream interrupted: %s", runner.id, exc)
+                    log.info("job %s: the probe's stream was interrupted (%s); starting it again", runner.id, exc)
                 if over():
                     break
                 failures += 1
@@ -1687,15 +1701,18 @@ class JobManager:
         finally:
             self.api.close()  # this thread's HTTP session
 
-    def post_gpu_sample(self, runner: JobRunner, sample: gpu_remote.Sample) -> None:
-        points = gpu_remote.metric_points(sample, runner.gpu_ids, runner.telemetry_step + 1, now_iso())
+    def post_gpu_sample(self, runner: JobRunner, sample: gpu_remote.Sample,
+                        before: gpu_remote.Group | None = None) -> None:
+        step, stamp = runner.telemetry_step + 1, now_iso()
+        points = [*gpu_remote.metric_points(sample, runner.gpu_ids, step, stamp),
+                  *gpu_remote.host_points(sample.group, before, step, stamp)]
         if not points:
             return
         runner.telemetry_step += 1
         try:
             self.api.job_metrics(runner.id, self.config.worker_id, runner.lease, points)
         except ApiError as exc:
-            log.debug("job %s: GPU metrics not delivered: %s", runner.id, exc)
+            log.debug("job %s: system metrics not delivered: %s", runner.id, exc)
 
     def start_threads(self) -> list[threading.Thread]:
         threads = [threading.Thread(target=self.claim_loop, name="jobs", daemon=True),

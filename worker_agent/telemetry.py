@@ -6,7 +6,8 @@ serves jobs whose computer is that machine: Local computers and SSH computers at
 When NVML cannot be imported or initialised, the worker says so once in its log, with the reason; it
 never guesses values. Every other job (an SSH computer elsewhere, or this machine without NVML) is
 sampled with nvidia-smi on its computer over the worker's connection: worker_agent.gpu_remote, which
-adds `system/gpu/<id>/temperature` (°C) and `system/gpu/<id>/power` (W)."""
+adds `system/gpu/<id>/temperature` (°C) and `system/gpu/<id>/power` (W). The same probe reports every
+job's process tree (`system/cpu/utilization`, % of one core; `system/memory/rss_bytes`), GPUs or not."""
 from __future__ import annotations
 
 import logging

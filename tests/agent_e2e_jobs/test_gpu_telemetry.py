@@ -5,8 +5,11 @@ nvidia-smi (tests/gpu/stand_in.py) first on the PATH of the computer's Python, a
   charts `system/gpu/<id>/…`;
 - a process outside Mado on the job's GPU keeps the job claimed, with the reason in the worker's log and on
   the job's page,
-  until it ends; then the job starts; past MMT_WORKER_GPU_BUSY_WAIT the worker gives the claim back: the
-  job is queued again with the reason, and that worker takes it again only after a while."""
+  until it ends; then the job starts; past the computer's wait (gpu_busy_wait_seconds, sent in the claim)
+  the worker gives the claim back: the job is queued again with the reason, and that worker takes it
+  again only after a while;
+- a job without GPUs that spins in a child process and holds 200 MiB shows CPU and memory charts (its
+  process group read in /proc on the target by the same kind of probe)."""
 from __future__ import annotations
 
 import getpass
@@ -66,7 +69,8 @@ def test_an_ssh_jobs_page_shows_charts_of_its_gpus_sampled_by_one_command(e2e):
         return {step for _, _, step in gpu_metrics(job)} >= {1, 2}
 
     wait_until(two_samples, timeout=60, what=f"two GPU samples of job {job.pk} ({e2e.worker_output()[-2000:]})")
-    assert len(seen) == 1, f"one long-lived probe served every sample, not one command per sample: {seen}"
+    assert len(seen) == 1, (f"one long-lived probe served every sample, not one command per sample: {seen} "
+                            f"({e2e.worker_output()[-3000:]})")
     metrics = gpu_metrics(job)
     assert ("system/gpu/1/utilization", 81.0, 1) in metrics and ("system/gpu/1/memory", 40000.0, 1) in metrics
     assert ("system/gpu/1/temperature", 45.0, 2) in metrics and ("system/gpu/1/power", 71.23, 2) in metrics
@@ -115,7 +119,10 @@ def test_a_process_outside_mado_on_its_gpu_holds_the_job_claimed_until_it_ends(e
 
 def test_a_gpu_busy_past_the_wait_gives_the_claim_back_with_the_reason(e2e, outsider):
     directory, gpus = stand_in(e2e, apps=[{"gpu": 0, "pid": outsider.pid, "used_memory": 2048}])
-    worker = e2e.start_worker(MMT_WORKER_GPU_BUSY_WAIT=1)
+    e2e.computer.gpu_busy_wait_seconds = 1
+    e2e.computer.save(update_fields=["gpu_busy_wait_seconds"])
+    # The computer's setting, not the worker's: a worker setting of 10 minutes would keep it waiting.
+    worker = e2e.start_worker(MMT_WORKER_GPU_BUSY_WAIT=600)
     job = e2e.counter_job("late", 3, 0.1, gpu_ids=["0"])
     reason = f"GPU 0 is in use by a process outside Mado (pid {outsider.pid}, user {getpass.getuser()})"
 
@@ -124,7 +131,7 @@ def test_a_gpu_busy_past_the_wait_gives_the_claim_back_with_the_reason(e2e, outs
 
     line = wait_until(given_back, timeout=60, what=f"the job given back ({worker.output()[-2000:]})")
     assert line.startswith("Back in the queue: worker ")
-    assert line.endswith(f" gave it back: {reason}; it waited 1 s (MMT_WORKER_GPU_BUSY_WAIT)")
+    assert line.endswith(f" gave it back: {reason}; it waited 1 s (the computer's setting)")
     after = e2e.job(job)
     assert (after.status, after.end_reason, after.error) == ("queued", "", ""), "back in the queue, not failed"
     assert not GpuReservation.objects.filter(job_id=job.pk).exists() and e2e.starts("late") == []
@@ -140,3 +147,61 @@ def test_a_gpu_busy_past_the_wait_gives_the_claim_back_with_the_reason(e2e, outs
     e2e.wait_ended(job, timeout=90)
     e2e.assert_ended_once(job, "finished")
     assert len(e2e.starts("late")) == 1
+
+
+BURNER = r'''
+import multiprocessing, os, sys, time
+def spin(stop):
+    while not os.path.exists(stop):
+        pass
+if __name__ == "__main__":
+    stop = sys.argv[1]
+    held = bytearray(200 * 2**20)  # resident: every page written
+    for i in range(0, len(held), 4096):
+        held[i] = 1
+    child = multiprocessing.Process(target=spin, args=(stop,))  # the tree, not only the job's own process
+    child.start()
+    print("burning", flush=True)
+    child.join()
+    print("done", len(held), flush=True)
+'''
+
+
+def host_metrics(job) -> dict[str, list[float]]:
+    found: dict[str, list[float]] = {}
+    for name, value in (Metric.objects.filter(job_id=job.pk, name__in=["system/cpu/utilization",
+                                                                      "system/memory/rss_bytes"])
+                        .order_by("step").values_list("name", "value")):
+        found.setdefault(name, []).append(value)
+    return found
+
+
+def test_a_job_without_gpus_shows_charts_of_its_process_trees_cpu_and_memory(e2e):
+    """One probe per job reads the job's process group in /proc on the target (the supervisor's state.json
+    names it): CPU in percent of one core, resident memory in bytes."""
+    script = e2e.script("burner.py", BURNER)
+    stop = e2e.working_dir / "burner.stop"
+    e2e.start_worker()
+    job = e2e.create_job(command=["python", str(script), str(stop)])
+    e2e.wait_status(job, "running", timeout=90)
+    e2e.wait_log(job, "burning", timeout=60)
+
+    def busy_and_big():
+        found = host_metrics(job)
+        return (any(v >= 25 for v in found.get("system/cpu/utilization", []))
+                and any(v >= 200 * 2**20 for v in found.get("system/memory/rss_bytes", [])))
+
+    wait_until(busy_and_big, timeout=90,
+               what=f"CPU and memory samples of job {job.pk}: {host_metrics(job)} ({e2e.worker_output()[-2000:]})")
+    assert not Metric.objects.filter(job_id=job.pk, name__startswith="system/gpu/").exists()
+
+    client = Client()
+    client.force_login(e2e.world.member)
+    page = client.get(reverse("job-detail", args=[e2e.world.project.slug, job.pk])).content.decode()
+    assert 'data-metric="system/cpu/utilization"' in page, "no CPU chart on the job page"
+    assert 'data-metric="system/memory/rss_bytes"' in page, "no memory chart on the job page"
+
+    stop.write_text("")
+    e2e.wait_ended(job, timeout=90)
+    e2e.assert_ended_once(job, "finished")
+    wait_until(lambda: not probes(), timeout=30, what="the probe to end with the job")

@@ -16,7 +16,7 @@ from tests.job_fixtures import JobWorker, job_request
 
 pytestmark = pytest.mark.django_db
 
-REASON = "GPU 1 is in use by a process outside Mado (pid 4242, user alice); it waited 600 s (MMT_WORKER_GPU_BUSY_WAIT)"
+REASON = "GPU 1 is in use by a process outside Mado (pid 4242, user alice); it waited 600 s (the computer's setting)"
 
 
 def create(world, target, **extra) -> int:

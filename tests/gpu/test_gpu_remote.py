@@ -92,3 +92,44 @@ def test_telemetry_is_one_long_lived_command_printing_a_line_per_interval(smi):
 @pytest.mark.parametrize("value, seconds", [("", 600.0), ("0", 0.0), ("30", 30.0), ("soon", 600.0), ("-1", 600.0)])
 def test_the_busy_wait_setting(value, seconds):
     assert gpu_remote.busy_wait_seconds({gpu_remote.BUSY_WAIT_SETTING: value}) == seconds
+
+
+BURN = "import os, sys, time\nheld = bytearray(64 * 2**20)\nfor i in range(0, len(held), 4096):\n    held[i] = 1\n" \
+       "print('ready', flush=True)\nwhile True:\n    pass\n"
+
+
+def test_the_probe_reads_cpu_and_memory_of_the_jobs_process_group_and_goes_on_without_nvidia_smi(tmp_path):
+    """A job's process group (its pgid in the supervisor's state.json) that spins and holds 64 MiB; the
+    computer has no nvidia-smi: the error is said once and the CPU and memory samples go on."""
+    job = subprocess.Popen(["/usr/bin/python3", "-c", BURN], stdout=subprocess.PIPE, start_new_session=True)
+    try:
+        assert job.stdout.readline() == b"ready\n"
+        state = tmp_path / "state.json"
+        state.write_text(f'{{"status": "running", "pid": {job.pid}, "pgid": {job.pid}}}')
+        samples = []
+        argv = gpu_remote.probe_command("/usr/bin/python3", 0.3, gpus=True, state_path=str(state))
+        with local(tmp_path, with_smi=False).stream(argv, timeout=30) as stream:
+            for line in gpu_remote.read_lines(stream, lambda: len(samples) >= 4):
+                samples.append(gpu_remote.parse_line(line))
+    finally:
+        job.kill()
+        job.wait()
+    assert samples[0].error == "nvidia-smi is not on the PATH of the computer's login shell"
+    assert [s.error for s in samples[1:]] == [None, None, None] and not any(s.gpus for s in samples)
+    assert all(s.group.processes == 1 and s.group.rss >= 64 * 2**20 for s in samples)
+    points = gpu_remote.host_points(samples[-1].group, samples[0].group, 3, "2026-12-04T00:00:00Z")
+    values = {p["name"]: p["value"] for p in points}
+    assert values["system/memory/rss_bytes"] >= 64 * 2**20
+    assert values["system/cpu/utilization"] > 10, "a spinning process keeps a good part of a core busy"
+
+
+def test_cpu_is_percent_of_one_core_from_two_samples_and_never_negative():
+    before = gpu_remote.Group(time=100.0, ticks=1000, hz=100, rss=5, processes=2)
+    two_cores = gpu_remote.Group(time=110.0, ticks=3000, hz=100, rss=7, processes=2)
+    a_child_ended = gpu_remote.Group(time=120.0, ticks=2500, hz=100, rss=7, processes=1)
+    stamp = "2026-12-04T00:00:00Z"
+    assert [p["name"] for p in gpu_remote.host_points(before, None, 1, stamp)] == ["system/memory/rss_bytes"]
+    assert {p["name"]: p["value"] for p in gpu_remote.host_points(two_cores, before, 2, stamp)} == {
+        "system/memory/rss_bytes": 7.0, "system/cpu/utilization": 200.0}
+    assert gpu_remote.host_points(a_child_ended, two_cores, 3, stamp)[1]["value"] == 0.0
+    assert gpu_remote.host_points(None, before, 4, stamp) == []
