@@ -42,19 +42,30 @@ QUERY_GPU, QUERY_APPS, FORMAT = sys.argv[2], sys.argv[3], sys.argv[4]
 interval = float(sys.argv[1])
 want_gpus = len(sys.argv) <= 5 or sys.argv[5] == "gpus"
 state_path = sys.argv[6] if len(sys.argv) > 6 else ""
+if state_path == "-":  # from stdin: the probe is the worker's, not one of the job's processes
+    state_path = sys.stdin.readline().strip()
 PAGE = os.sysconf("SC_PAGE_SIZE")
 def group():
     try:
         return read_group()
     except Exception as exc:  # a probe that dies here would take the GPU samples with it
         return {"error": repr(exc)[:200]}
-def read_group():
+def job_pgid():
     try:
         with open(state_path) as f:
-            state = json.load(f)
-        pgid = int(state.get("pgid") or 0)
+            return int(json.load(f).get("pgid") or 0)
     except (OSError, ValueError, TypeError, AttributeError):
-        return None
+        return 0
+def group_alive(pgid):
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        pass
+    return True
+def read_group():
+    pgid = job_pgid()
     if pgid <= 0:
         return None
     ticks = rss = count = 0
@@ -123,7 +134,13 @@ while True:
     sys.stdout.flush()
     if interval <= 0 or (error is not None and not state_path):
         break
-    time.sleep(interval)
+    # Ends with the job: once its process group has gone, the probe goes too (looked at 5 times a second).
+    pgid = job_pgid() if state_path else 0
+    until = time.time() + interval
+    while time.time() < until:
+        if pgid > 0 and not group_alive(pgid):
+            sys.exit(0)
+        time.sleep(min(0.2, max(0.0, until - time.time())))
 '''
 
 
@@ -131,7 +148,7 @@ def probe_command(python: str, interval: float, *, gpus: bool = True, state_path
     """`state_path`: the job's state.json on the target, to sample its process group's CPU and memory
     too; `gpus=False` leaves nvidia-smi alone (a job without GPUs, or GPUs NVML reads on this machine)."""
     argv = [python or "python3", "-I", "-c", PROBE, f"{interval:g}", QUERY_GPU, QUERY_APPS, FORMAT]
-    if state_path:
+    if state_path:  # "-": the path comes on stdin, so no job path is on the probe's command line
         argv += ["gpus" if gpus else "nogpus", state_path]
     return argv
 

@@ -1673,11 +1673,15 @@ class JobManager:
         before: gpu_remote.Group | None = None
         try:
             while not over():
-                argv = gpu_remote.probe_command(runner.python, INTERVAL_SECONDS, gpus=gpus, state_path=state_path)
+                # The state path on stdin: the probe is the worker's, and nothing of the job's may outlive it
+                # under the job's workspace.
+                argv = gpu_remote.probe_command(runner.python, INTERVAL_SECONDS, gpus=gpus,
+                                                state_path="-" if state_path else "")
                 try:
                     connection = self.pool.get(Target.from_api(runner.computer))
                     # StreamStalled (a ConnectionError) when no line came for three intervals and a minute.
-                    with connection.stream(argv, timeout=3 * INTERVAL_SECONDS + 60) as stream:
+                    with connection.stream(argv, stdin=f"{state_path}\n".encode() if state_path else None,
+                                           timeout=3 * INTERVAL_SECONDS + 60) as stream:
                         for line in gpu_remote.read_lines(stream, over):
                             sample = gpu_remote.parse_line(line)
                             if sample.error:
