@@ -60,12 +60,15 @@ def gpu_metrics(job) -> list[tuple[str, float, int]]:
 def test_an_ssh_jobs_page_shows_charts_of_its_gpus_sampled_by_one_command(e2e):
     stand_in(e2e)
     e2e.start_worker()
+    # A probe of an earlier test's job whose worker was killed may still be alive (it ends with its job's
+    # processes, or at its next write to the closed channel): only this job's count.
+    earlier = set(probes())
     job = e2e.counter_job("gpus", 60, 0.5, gpu_ids=["1"])
     e2e.wait_status(job, "running", timeout=90)
     seen = set()
 
     def two_samples():
-        seen.update(probes())
+        seen.update(set(probes()) - earlier)
         return {step for _, _, step in gpu_metrics(job)} >= {1, 2}
 
     wait_until(two_samples, timeout=60, what=f"two GPU samples of job {job.pk} ({e2e.worker_output()[-2000:]})")
@@ -84,7 +87,7 @@ def test_an_ssh_jobs_page_shows_charts_of_its_gpus_sampled_by_one_command(e2e):
 
     e2e.wait_ended(job, timeout=90)
     e2e.assert_ended_once(job, "finished")
-    wait_until(lambda: not probes(), timeout=30, what="the GPU probe to end with the job")
+    wait_until(lambda: not set(probes()) - earlier, timeout=30, what="the GPU probe to end with the job")
 
 
 @pytest.fixture
@@ -181,6 +184,7 @@ def test_a_job_without_gpus_shows_charts_of_its_process_trees_cpu_and_memory(e2e
     names it): CPU in percent of one core, resident memory in bytes."""
     script = e2e.script("burner.py", BURNER)
     stop = e2e.working_dir / "burner.stop"
+    earlier = set(probes())  # an earlier test's, whose worker was killed, may still be ending
     e2e.start_worker()
     job = e2e.create_job(command=["python", str(script), str(stop)])
     e2e.wait_status(job, "running", timeout=90)
@@ -204,4 +208,4 @@ def test_a_job_without_gpus_shows_charts_of_its_process_trees_cpu_and_memory(e2e
     stop.write_text("")
     e2e.wait_ended(job, timeout=90)
     e2e.assert_ended_once(job, "finished")
-    wait_until(lambda: not probes(), timeout=30, what="the probe to end with the job")
+    wait_until(lambda: not set(probes()) - earlier, timeout=30, what="the probe to end with the job")
