@@ -92,10 +92,16 @@ def can_choose_worker(user) -> bool:
     return identity.is_global_admin(user)
 
 
+def detailed_to(user) -> QuerySet[ComputeTarget]:
+    """Computers whose details (GPUs, the jobs holding them) the user sees: those they may use or manage.
+    Others are only listed by name and state."""
+    return usable_by(user) | manageable_by(user)
+
+
 def detail_for(user, pk: int) -> ComputeTarget:
     """A computer the user may use or manage; otherwise 404, so unusable computers' details do not leak."""
-    target = ComputeTarget.objects.select_related("owner", "last_check_worker").filter(pk=pk).first()
-    if target is None or not (can_manage(user, target) or can_use(user, target)):
+    target = detailed_to(user).select_related("owner", "last_check_worker").filter(pk=pk).first()
+    if target is None:
         raise Http404(_("No computer with this id that you can use or manage."))
     return target
 

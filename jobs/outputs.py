@@ -26,6 +26,7 @@ from mado import access as identity
 from mado.choices import Role, Scope
 from mado.errors import Conflict, Forbidden, ServiceError
 from mado.services import Actor, audit
+from mado.validation import text_problem
 from worker_agent import results
 
 GZIP_MAGIC = b"\x1f\x8b"
@@ -145,8 +146,7 @@ def record_outputs(job: Job, *, result_text, files, manifest_text, token_scopes:
     """Validate the result.json declaration against the files the worker saw; store metrics and the
     artifacts to expect. Returns the artifact paths still to upload. Caller holds the job row lock.
     `worker_max_files`: the worker's MMT_WORKER_MAX_OUTPUT_FILES (see output_file_limit)."""
-    if job.status not in HELD_STATUSES:
-        raise Conflict(f"This job already ended ({job.status}).", "job_ended")
+    _require_held(job)
     if not isinstance(result_text, str):
         raise ServiceError("result is the text of result.json.", "invalid", fields={"result": ["Text expected."]})
     if not isinstance(files, list):
@@ -197,8 +197,15 @@ def record_outputs(job: Job, *, result_text, files, manifest_text, token_scopes:
 
 # Artifact uploads -------------------------------------------------------------------------------
 
+def _require_held(job: Job) -> None:
+    """An ended job's outputs are final: a worker still holding its old lease writes nothing more."""
+    if job.status not in HELD_STATUSES:
+        raise Conflict(_("This job already ended (%(status)s).") % {"status": job.status}, "job_ended")
+
+
 def receive_artifact(job: Job, path: str, readable, content_range: str | None) -> Artifact:
     """Store one declared artifact, whole or in parts (Content-Range: bytes start-end/total)."""
+    _require_held(job)
     artifact = Artifact.objects.filter(job=job, path=path).first()
     if artifact is None:
         raise ServiceError(f"{path} is not declared in this job's result.json; declare it first.",
@@ -267,6 +274,7 @@ def receive_batch(job: Job, readable, length) -> dict:
     declaration resent afterwards lists only the rest. Files already complete are read past. Returns
     {confirmed: [paths], received_bytes}; bad input raises a ServiceError naming the file (what came
     before it stays stored)."""
+    _require_held(job)
     try:
         length = int(length)
     except (TypeError, ValueError):
@@ -330,10 +338,12 @@ def _frame_header(line: bytes) -> tuple[str, int]:
     except (ValueError, TypeError, KeyError):
         raise ServiceError(_('Each file in a batch starts with a line {"path": …, "size": …}; this one does not.'),
                            "invalid_batch") from None
-    if not isinstance(path, str) or isinstance(size, bool) or not isinstance(size, int) or size < 0:
+    if (not isinstance(path, str) or text_problem(path) or isinstance(size, bool) or not isinstance(size, int)
+            or size < 0):
+        # A path that cannot be stored is not echoed back either: it could not be answered as JSON.
         raise ServiceError(_('Each file in a batch starts with a line {"path": …, "size": …}; this one does not.'),
                            "invalid_batch")
-    if path.startswith("/") or "\0" in path or ".." in path.split("/"):
+    if path.startswith("/") or ".." in path.split("/"):
         raise ServiceError(_("%(path)s is not a path inside the outputs directory.") % {"path": path},
                            "artifact_not_declared")
     return path, size

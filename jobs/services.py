@@ -581,7 +581,7 @@ def heartbeat(worker: Worker, job_id: int, *, lease_id, status: str | None = Non
             raise ServiceError(_("status in a heartbeat is only 'running'."), "invalid", fields={"status": ["running"]})
         lifecycle.heartbeat(job, timezone.now(), running=status == JobStatus.RUNNING)
         if waiting and waiting.strip() and job.status == JobStatus.CLAIMED:
-            message = f"Waiting for its GPUs: {waiting.strip()}"
+            message = f"Waiting for its GPUs: {_printable(waiting.strip())}"
             last = job.events.filter(kind="waiting").order_by("-id").values_list("message", flat=True).first()
             if last != message:
                 lifecycle.event(job, "waiting", message)

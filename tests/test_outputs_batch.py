@@ -84,6 +84,7 @@ def test_files_already_stored_are_read_past_and_confirmed(world, declared, job_w
     ("undeclared", 422, "artifact_not_declared"),
     ("traversal", 422, "artifact_not_declared"),
     ("bad_header", 422, "invalid_batch"),
+    ("lone_surrogate", 422, "invalid_batch"),
     ("truncated", 400, "batch_truncated"),
 ])
 def test_bad_input_is_refused_with_what_to_fix_and_only_verified_files_are_complete(
@@ -100,11 +101,13 @@ def test_bad_input_is_refused_with_what_to_fix_and_only_verified_files_are_compl
         bad = core_outputs.frame_header("../../etc/passwd", 3) + b"abc"
     elif case == "bad_header":
         bad = b"not a header\n" + FILES[bad_path]
+    elif case == "lone_surrogate":  # valid JSON, but a path no file system, database or answer can hold
+        bad = b'{"path": "out/\\ud800.txt", "size": 3}\n' + b"abc"
     else:
         bad = core_outputs.frame_header(bad_path, len(FILES[bad_path])) + FILES[bad_path][:7]
     body = assert_error(put_batch(job_worker, declared, frames(good) + bad + frames({"out/006.txt": FILES["out/006.txt"]})
                                   if case != "truncated" else frames(good) + bad), status, code)
-    if case not in ("bad_header",):
+    if case not in ("bad_header", "lone_surrogate"):
         assert ("out/" in body["error"] or "passwd" in body["error"]), body
     assert stored(declared) == good, "what was verified before the bad file stays, nothing after it"
     assert not list((outputs.media("partial")).glob("batch-*")), "no partial file is left"
@@ -120,6 +123,20 @@ def test_too_many_files_or_bytes_in_one_batch_get_413(world, declared, job_worke
     monkeypatch.setattr(outputs, "BATCH_MAX_BYTES", 10)
     assert_error(put_batch(job_worker, declared, b"x" * (10 + 3 * outputs.BATCH_HEADER_MAX + 1)), 413,
                  "batch_too_large")
+
+
+def test_a_worker_holding_an_ended_jobs_old_lease_writes_no_more_outputs(world, declared, job_worker):
+    first = dict(list(FILES.items())[:2])
+    assert put_batch(job_worker, declared, frames(first)).status_code == 200
+    assert job_worker.complete(declared, status="failed", exit_code=3).status_code == 200
+    rest = dict(list(FILES.items())[2:4])
+    assert_error(put_batch(job_worker, declared, frames(rest)), 409, "job_ended")
+    path = "out/002.txt"
+    single = job_worker.client.put(f"/api/worker/jobs/{declared['id']}/artifacts/{path}?worker_id="
+                                   f"{job_worker.worker_id}&lease_id={declared['lease_id']}", data=FILES[path],
+                                   content_type="application/octet-stream")
+    assert_error(single, 409, "job_ended")
+    assert stored(declared) == first, "the failed job's outputs are what it had sent before it ended"
 
 
 def test_a_cut_batch_resumes_without_sending_a_confirmed_file_again(world, declared, job_worker, monkeypatch):

@@ -29,6 +29,8 @@ FORMAT = "--format=csv,noheader,nounits"
 BUSY_WAIT_SETTING = "MMT_WORKER_GPU_BUSY_WAIT"
 BUSY_WAIT_DEFAULT = 600.0
 BUSY_RECHECK_SECONDS = 5.0
+SYSTEM = "system/"
+MAX_REASON = 450  # the heartbeat's `waiting` and the release's `reason` (jobs.services) take this many characters
 
 # Runs on the target with the computer's Python (3.6+; standard library only). argv: interval seconds
 # (0: one sample, then exit), the queries, then optionally "gpus"/"nogpus" and the job's state.json (the
@@ -253,23 +255,31 @@ def _group(data: dict) -> Group | None:
         return None
 
 
-def host_points(group: Group | None, before: Group | None, step: int, timestamp: str) -> list[dict]:
+def host_points(group: Group | None, before: Group | None, step: int, timestamp: str, *,
+                prefix: str = SYSTEM) -> list[dict]:
     """The job's process tree on its computer: `system/cpu/utilization` in percent of one core (as top
     shows a process: 250 is two and a half cores busy), from the CPU time between two samples, and
     `system/memory/rss_bytes`, resident memory summed over its processes (shared pages count once per
     process). The first sample has no CPU figure; CPU time of processes that ended in between is lost,
-    so a drop is shown as 0, not negative."""
+    so a drop is shown as 0, not negative. `prefix`: see replica_prefix."""
     if group is None or group.processes == 0:
         return []
-    points = [{"name": "system/memory/rss_bytes", "value": float(group.rss), "step": step, "timestamp": timestamp}]
+    points = [{"name": f"{prefix}memory/rss_bytes", "value": float(group.rss), "step": step, "timestamp": timestamp}]
     if before is not None and group.time > before.time:
         busy = max(0, group.ticks - before.ticks) / group.hz
-        points.append({"name": "system/cpu/utilization", "value": round(100.0 * busy / (group.time - before.time), 1),
+        points.append({"name": f"{prefix}cpu/utilization", "value": round(100.0 * busy / (group.time - before.time), 1),
                        "step": step, "timestamp": timestamp})
     return points
 
 
-def metric_points(sample: Sample, gpu_ids: list[str], step: int, timestamp: str) -> list[dict]:
+def replica_prefix(replica: str | None) -> str:
+    """Where a job's system metrics are named: `system/…` for an ordinary job, `system/<replica>/…` for
+    each replica of a cluster job (main1 too), as MLflow names a node's system metrics
+    (`system/<node_id>/…`): the replicas' GPU IDs repeat from computer to computer."""
+    return f"{SYSTEM}{replica}/" if replica else SYSTEM
+
+
+def metric_points(sample: Sample, gpu_ids: list[str], step: int, timestamp: str, *, prefix: str = SYSTEM) -> list[dict]:
     """The job's GPUs as metrics: utilization (%), memory (MiB used, as NVML's path names it),
     temperature (°C), power (W); what a GPU cannot measure is left out."""
     points = []
@@ -280,9 +290,27 @@ def metric_points(sample: Sample, gpu_ids: list[str], step: int, timestamp: str)
         for name, value in (("utilization", gpu.utilization), ("memory", gpu.memory_used),
                             ("temperature", gpu.temperature), ("power", gpu.power)):
             if value is not None:
-                points.append({"name": f"system/gpu/{gpu_id}/{name}", "value": value, "step": step,
+                points.append({"name": f"{prefix}gpu/{gpu_id}/{name}", "value": value, "step": step,
                                "timestamp": timestamp})
     return points
+
+
+def outside_points(sample: Sample, gpu_ids: list[str], before: set[str], step: int, timestamp: str, *,
+                   prefix: str = SYSTEM) -> tuple[list[dict], set[str]]:
+    """`<prefix>gpu/<id>/outside_processes`: how many processes outside Mado share a running job's GPU
+    (someone over SSH, another scheduler: reservations hold only between Mado's jobs). Sent only while
+    there are some, and one 0 in the first sample after (`before`: the GPUs that had some last time), so
+    a job that never shared its GPUs has no such chart; the GPU board shows the GPU as busy outside the
+    app while the latest point is above 0 and recent. Returns the points and the GPUs that have some now."""
+    if sample.error:  # nothing was read: say nothing rather than "none"
+        return [], before
+    counts: dict[str, int] = {}
+    for gpu_id, _process in sample.foreign(gpu_ids):
+        counts[gpu_id] = counts.get(gpu_id, 0) + 1
+    names = [g for g in gpu_ids if counts.get(g) or g in before]
+    points = [{"name": f"{prefix}gpu/{g}/outside_processes", "value": float(counts.get(g, 0)), "step": step,
+               "timestamp": timestamp} for g in names]
+    return points, set(counts)
 
 
 def sample_once(connection, python: str, timeout: float = 90.0) -> Sample:
@@ -309,13 +337,32 @@ def read_lines(stream, stop) -> Iterator[bytes]:
                 yield line
 
 
-def busy_reason(foreign: list[tuple[str, Process]]) -> str:
+def busy_clauses(foreign: list[tuple[str, Process]], *, replica: str | None = None, computer: str = "") -> list[str]:
+    """One sentence per process: "GPU 1 is in use by a process outside Mado (pid 4242, user alice)"; for a
+    cluster job's replica "GPU 1 of sub1 on node-b is in use by …". The GPU board reads the pid and the
+    user back from the job's `waiting` line (jobs.gpu_board.OUTSIDE): keep the two in step."""
+    where = f" of {replica} on {computer}" if replica else ""
+    return [f"GPU {gpu_id}{where} is in use by a process outside Mado (pid {process.pid}, "
+            f"user {process.user or 'unknown'})" for gpu_id, process in foreign]
+
+
+def busy_reason(foreign: list[tuple[str, Process]], *, replica: str | None = None, computer: str = "") -> str:
     """The sentence the job waits with (in the worker's log; for the job page see docs/gpus.md)."""
-    parts = []
-    for gpu_id, process in foreign:
-        user = process.user or "unknown"
-        parts.append(f"GPU {gpu_id} is in use by a process outside Mado (pid {process.pid}, user {user})")
-    return "; ".join(parts)
+    return join_reason(busy_clauses(foreign, replica=replica, computer=computer))
+
+
+def join_reason(clauses: list[str], limit: int = MAX_REASON) -> str:
+    """The clauses that fit in `limit` characters (the server refuses a longer `waiting`), whole ones only,
+    and how many more there are."""
+    kept: list[str] = []
+    for number, clause in enumerate(clauses):
+        rest = len(clauses) - number - 1
+        tail = f"; and {rest} more" if rest else ""
+        candidate = "; ".join([*kept, clause])
+        if len(candidate + tail) > limit:
+            return "; ".join(kept) + f"; and {len(clauses) - number} more" if kept else clause[:limit]
+        kept.append(clause)
+    return "; ".join(kept)
 
 
 def busy_wait_for(computer: dict, fallback: float) -> tuple[float, str]:

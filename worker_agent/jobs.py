@@ -210,6 +210,8 @@ class JobRunner:
         self.sampled_at = float("-inf")
         self.gpu_sampler: threading.Thread | None = None  # nvidia-smi on the target (worker_agent.gpu_remote)
         self.gpu_waiting: str | None = None  # why the job waits for its GPUs (a process outside Mado)
+        self.metric_prefix = gpu_remote.SYSTEM  # `system/<replica>/` on a cluster job's replicas
+        self.outside_gpus: set[str] = set()  # its GPUs that processes outside Mado shared at the last sample
         self.thread = threading.Thread(target=self.main, name=f"job-{self.id}", daemon=True)
         self.heartbeat_thread = threading.Thread(target=self.heartbeats, name=f"job-{self.id}-heartbeat", daemon=True)
 
@@ -371,7 +373,8 @@ class JobRunner:
                 self.save(completion={"status": "canceled", "end_reason": "canceled"})
                 return
             spec = self.prepare()
-            self.wait_for_free_gpus()
+            if not self.record.get("running_reported"):  # after the `running` heartbeat it cannot go back
+                self.wait_for_free_gpus()
             with self._lock:
                 if self.cancel_requested:
                     self.save(completion={"status": "canceled", "end_reason": "canceled"})
@@ -410,39 +413,70 @@ class JobRunner:
         """`build_spec`'s `cluster` argument: none for an ordinary job (see ReplicaRunner)."""
         return None
 
+    def busy_checks(self) -> list[tuple[JobRunner, float, str]]:
+        """Where the busy check looks before the start: (the job or a replica, how long it may wait, where
+        that wait came from: gpu_remote.busy_wait_for); none without GPUs or where the wait is 0 (off)."""
+        limit, source = gpu_remote.busy_wait_for(self.computer, self.manager.gpu_busy_wait)
+        return [(self, limit, source)] if self.gpu_ids and limit > 0 else []
+
     def wait_for_free_gpus(self) -> None:
         """Reservations hold only between this app's Jobs (seed 002): a process outside Mado on one of
         the job's GPUs (someone over SSH, another scheduler) makes the job wait, still claimed, looking
         again every few seconds for up to the computer's wait (gpu_busy_wait_seconds in the claim;
         gpu_remote.busy_wait_for); then it gives the claim back to the queue with the reason (give_back). A
         process of a Mado job (MMT_JOB_ID in its environment) does not count. Without a working nvidia-smi
-        on the target nothing is checked (said once in the log)."""
-        limit, source = gpu_remote.busy_wait_for(self.computer, self.manager.gpu_busy_wait)
-        if not self.gpu_ids or limit <= 0:
+        on the target nothing is checked (said once in the log). A cluster job looks at every replica's
+        GPUs on its own computer (busy_checks), each computer with its own wait; the first one past its
+        wait gives the whole claim back."""
+        checks = self.busy_checks()
+        if not checks:
             return
-        deadline = time.monotonic() + limit
+        began = time.monotonic()
         said = None
-        while not self.cancel_requested:
-            sample = self.on_target(lambda c: gpu_remote.sample_once(c, self.python),
-                                    "looking at the processes on the job's GPUs")
-            if sample.error:
-                log.info("job %s: its GPUs were not checked for processes outside Mado: %s", self.id, sample.error)
-                break
-            foreign = sample.foreign(self.gpu_ids)
-            if not foreign:
+        while not self.cancel_requested and checks:
+            clauses, busy = [], []
+            for check in list(checks):
+                unit, limit, source = check
+                where = f" of {unit.replica_name}" if unit.replica_name else ""
+                try:
+                    sample = unit.on_target(lambda c, u=unit: gpu_remote.sample_once(c, u.python),
+                                            f"looking at the processes on the GPUs{where or ' of the job'}")
+                except StartFailed as exc:
+                    exc.unit = unit  # the cluster job fails naming this replica
+                    raise
+                if sample.error:
+                    log.info("job %s: %s GPUs%s were not checked for processes outside Mado: %s", self.id,
+                             "the" if where else "its", where, sample.error)
+                    checks.remove(check)
+                    continue
+                found = gpu_remote.busy_clauses(sample.foreign(unit.gpu_ids), replica=unit.replica_name,
+                                                computer=str(unit.computer.get("name") or ""))
+                if found:
+                    clauses += found
+                    busy.append(check)
+            if not clauses:
                 if said:
                     log.info("job %s: its GPUs are free of processes outside Mado now; starting it", self.id)
                 break
-            reason = gpu_remote.busy_reason(foreign)
+            reason = gpu_remote.join_reason(clauses)
             self.gpu_waiting = reason
             if reason != said:
                 log.warning("job %s waits (claimed): %s", self.id, reason)
                 said = reason
                 self._beat.set()  # the reason reaches the job's page with the next heartbeat, now
-            if time.monotonic() >= deadline:
-                self.give_back(f"{reason}; it waited {limit:.0f} s ({source})")
-            self.pause(max(0.05, min(gpu_remote.BUSY_RECHECK_SECONDS, deadline - time.monotonic())))
+            now = time.monotonic()
+            over = next(((limit, source) for _, limit, source in busy if now - began >= limit), None)
+            if over is not None:
+                suffix = f"; it waited {over[0]:.0f} s ({over[1]})"
+                self.give_back(gpu_remote.join_reason(clauses, gpu_remote.MAX_REASON - len(suffix)) + suffix)
+            deadline = began + min(limit for _, limit, _ in busy)
+            self.pause(max(0.05, min(gpu_remote.BUSY_RECHECK_SECONDS, deadline - now)))
         self.gpu_waiting = None
+
+    def telemetry_units(self) -> list[JobRunner]:
+        """What the telemetry loop samples, each with its own probe and metric names: the job itself, or
+        a cluster job's replicas (ClusterRunner)."""
+        return [self]
 
     def give_back(self, reason: str) -> None:
         """Back to the queue, unstarted (worker/jobs/{id}/release): the server hands it to another worker,
@@ -896,6 +930,14 @@ class ReplicaRunner(JobRunner):
         self.abort = threading.Event()  # the job stops following its replicas (it failed elsewhere)
         self.inputs_pinned = False  # its input versions are in its computer's cache, pinned for the job
         self._lock = threading.Lock()
+        # Telemetry (JobManager.telemetry_loop): its own probe on its own computer, its metrics named
+        # system/<replica>/… on the job, until the job is done or this replica has ended.
+        self.done = parent.done
+        self.telemetry_step = 0
+        self.sampled_at = float("-inf")
+        self.gpu_sampler: threading.Thread | None = None
+        self.metric_prefix = gpu_remote.replica_prefix(self.name)
+        self.outside_gpus: set[str] = set()
 
     @property
     def rejected(self) -> str | None:
@@ -1021,6 +1063,13 @@ class ClusterRunner(JobRunner):
             except StartFailed as exc:
                 self.start_failed(replica, exc.message, reason=exc.reason, present=present)
                 return False
+        if not self.record.get("running_reported"):  # after the `running` heartbeat it can no longer go back
+            try:
+                self.wait_for_free_gpus()
+            except StartFailed as exc:
+                self.start_failed(getattr(exc, "unit", None) or self.main, exc.message, reason=exc.reason,
+                                  present=present)
+                return False
         with self._lock:
             if self.cancel_requested:
                 self.stop_replicas([r for r in self.replicas if r.name in present])
@@ -1041,6 +1090,25 @@ class ClusterRunner(JobRunner):
                      replica.computer.get("name"), ",".join(replica.gpu_ids) or "none",
                      (answer.get("supervisor") or {}).get("pid"))
         return True
+
+    def busy_checks(self) -> list[tuple[JobRunner, float, str]]:
+        """Every replica with GPUs, on its own computer with that computer's wait (0 there: not looked at)."""
+        checks = []
+        for replica in self.replicas:
+            limit, source = gpu_remote.busy_wait_for(replica.computer, self.manager.gpu_busy_wait)
+            if replica.gpu_ids and limit > 0:
+                checks.append((replica, limit, source))
+        return checks
+
+    def give_back(self, reason: str) -> None:
+        """As JobRunner.give_back, and first what the job set up on the replicas' computers: their input
+        pins and the job's SSH key (nothing of it may outlast the claim)."""
+        self.release_replica_inputs()
+        self.revoke_replica_ssh()
+        super().give_back(reason)
+
+    def telemetry_units(self) -> list[JobRunner]:
+        return [r for r in self.replicas if r.started]
 
     def release_replicas(self) -> bool:
         """Start every replica's process together (docs/cluster-jobs.md, step 1): each supervisor prepares
@@ -1626,45 +1694,49 @@ class JobManager:
     def telemetry_loop(self) -> None:
         """A sample of each running job's GPUs as soon as it runs, then every INTERVAL_SECONDS: through
         NVML when the job's computer is this machine and NVML works, otherwise with nvidia-smi on the
-        computer over its connection (`sample_remote`, one long-lived command per job)."""
+        computer over its connection (`sample_remote`, one long-lived command per job). A cluster job is
+        sampled replica by replica (JobRunner.telemetry_units): one probe on each replica's computer,
+        its metrics named system/<replica>/…"""
         while not self.stop_event.wait(1.0):
             now = time.monotonic()
             nvml = self.telemetry.available
             with self.cond:
-                running = [r for r in self.runners.values()
-                           if r.started and not r.done.is_set() and not is_cluster(r.job)]
-            for runner in running:
+                running = [r for r in self.runners.values() if r.started and not r.done.is_set()]
+            units = [unit for runner in running for unit in runner.telemetry_units()]
+            for unit in units:
                 # Every job gets the probe, for its process tree's CPU and memory; it asks nvidia-smi too
                 # unless the job has no GPUs or NVML reads them here.
-                if runner.gpu_sampler is None and runner.record.get("final") is None:
-                    runner.gpu_sampler = threading.Thread(
-                        target=self.sample_remote, args=(runner,),
-                        kwargs={"gpus": bool(runner.gpu_ids) and not (nvml and same_machine(runner.computer))},
-                        name=f"job-{runner.id}-probe", daemon=True)
-                    runner.gpu_sampler.start()
-            due = [r for r in running
-                   if r.gpu_ids and nvml and same_machine(r.computer) and now - r.sampled_at >= INTERVAL_SECONDS]
+                if unit.gpu_sampler is None and unit.record.get("final") is None:
+                    unit.gpu_sampler = threading.Thread(
+                        target=self.sample_remote, args=(unit,),
+                        kwargs={"gpus": bool(unit.gpu_ids) and not (nvml and same_machine(unit.computer))},
+                        name=f"job-{unit.id}-probe" + (f"-{unit.replica_name}" if unit.replica_name else ""),
+                        daemon=True)
+                    unit.gpu_sampler.start()
+            due = [u for u in units if u.gpu_ids and nvml and same_machine(u.computer) and u.record.get("final") is None
+                   and now - u.sampled_at >= INTERVAL_SECONDS]
             if not due:
                 continue
             stamp = now_iso()
-            for runner in due:
-                runner.sampled_at = now
-                values = self.telemetry.sample(runner.gpu_ids)
+            for unit in due:
+                unit.sampled_at = now
+                values = self.telemetry.sample(unit.gpu_ids)
                 if not values:
                     continue
-                runner.telemetry_step += 1
+                unit.telemetry_step += 1
                 try:
-                    self.api.job_metrics(runner.id, self.config.worker_id, runner.lease,
-                                         metric_points(values, runner.telemetry_step, stamp))
+                    self.api.job_metrics(unit.id, self.config.worker_id, unit.lease,
+                                         metric_points(values, unit.telemetry_step, stamp, prefix=unit.metric_prefix))
                 except ApiError as exc:
-                    log.debug("job %s: GPU metrics not delivered: %s", runner.id, exc)
+                    log.debug("job %s: GPU metrics not delivered: %s", unit.id, exc)
 
     def sample_remote(self, runner: JobRunner, gpus: bool = True) -> None:
         """The job on its computer while it runs: one probe (gpu_remote.PROBE) printing a line every
         INTERVAL_SECONDS over the connection the worker holds (a Local computer's is a local process),
         started again after the connection breaks: the CPU and memory of the job's process group (its
         pgid from the supervisor's state.json) and, with `gpus`, its GPUs from nvidia-smi. GPUs that
-        cannot be read (no nvidia-smi, no devices) are said once and not asked again for this job."""
+        cannot be read (no nvidia-smi, no devices) are said once and not asked again for this job.
+        `runner` may be a cluster job's replica: its own computer, workspace and metric names."""
         def over() -> bool:
             return self.stop_event.is_set() or runner.done.is_set() or runner.record.get("final") is not None
 
@@ -1685,8 +1757,9 @@ class JobManager:
                         for line in gpu_remote.read_lines(stream, over):
                             sample = gpu_remote.parse_line(line)
                             if sample.error:
-                                log.info("job %s: no GPU telemetry from %s: %s", runner.id,
-                                         runner.computer.get("name"), sample.error)
+                                log.info("job %s: no GPU telemetry from %s%s: %s", runner.id,
+                                         runner.computer.get("name"),
+                                         f" ({runner.replica_name})" if runner.replica_name else "", sample.error)
                                 gpus = False
                                 if not state_path:
                                     return
@@ -1707,9 +1780,15 @@ class JobManager:
 
     def post_gpu_sample(self, runner: JobRunner, sample: gpu_remote.Sample,
                         before: gpu_remote.Group | None = None) -> None:
-        step, stamp = runner.telemetry_step + 1, now_iso()
-        points = [*gpu_remote.metric_points(sample, runner.gpu_ids, step, stamp),
-                  *gpu_remote.host_points(sample.group, before, step, stamp)]
+        step, stamp, prefix = runner.telemetry_step + 1, now_iso(), runner.metric_prefix
+        points = [*gpu_remote.metric_points(sample, runner.gpu_ids, step, stamp, prefix=prefix),
+                  *gpu_remote.host_points(sample.group, before, step, stamp, prefix=prefix)]
+        # A Docker job's own processes run as root in their container: a login user who cannot read their
+        # environment would count the job's own processes as outside Mado. Not reported for those.
+        if str(runner.job.get("runtime") or "python") != "docker":
+            outside, runner.outside_gpus = gpu_remote.outside_points(sample, runner.gpu_ids, runner.outside_gpus,
+                                                                     step, stamp, prefix=prefix)
+            points += outside
         if not points:
             return
         runner.telemetry_step += 1

@@ -82,11 +82,13 @@ class GpuTelemetry:
         return values
 
 
-def metric_points(values: dict[str, tuple[float, float]], step: int, timestamp: str) -> list[dict]:
+def metric_points(values: dict[str, tuple[float, float]], step: int, timestamp: str, *,
+                  prefix: str = "system/") -> list[dict]:
+    """`prefix`: `system/<replica>/` for a cluster job's replica (gpu_remote.replica_prefix)."""
     points = []
     for gpu, (utilization, memory_mib) in sorted(values.items()):
-        points.append({"name": f"system/gpu/{gpu}/utilization", "value": utilization, "step": step,
+        points.append({"name": f"{prefix}gpu/{gpu}/utilization", "value": utilization, "step": step,
                        "timestamp": timestamp})
-        points.append({"name": f"system/gpu/{gpu}/memory", "value": round(memory_mib, 1), "step": step,
+        points.append({"name": f"{prefix}gpu/{gpu}/memory", "value": round(memory_mib, 1), "step": step,
                        "timestamp": timestamp})
     return points

@@ -8,13 +8,13 @@ import hashlib
 import json
 import re
 import socket
-import threading
 import time
 
 import pytest
 
 from datasets.models import DatasetCacheReport
 from jobs.models import Job
+from tests.datasets_transfer.forwarders import Forwarder
 from tests.datasets_transfer.conftest import checking_job, make_version, sample_files, tree
 
 MB = 1 << 20
@@ -89,30 +89,15 @@ def test_two_jobs_starting_together_fetch_once(e2e, version):
     assert len(re.findall(rf"version {version.pk} \(speech v1\) fetched", e2e.worker_output())) == 1
 
 
-class CorruptingPort:
-    """A TCP forwarder in front of the live server that flips one bit of the first occurrence of
-    `marker` in the server's answers: a byte corrupted in transit, under HTTP's radar."""
+class CorruptingPort(Forwarder):
+    """Flips one bit of the first occurrence of `marker` in the server's answers: a byte corrupted in
+    transit, under HTTP's radar."""
 
     def __init__(self, upstream: int, marker: bytes):
-        self.upstream, self.marker, self.done = ("127.0.0.1", upstream), marker, False
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        threading.Thread(target=self._accept, daemon=True).start()
+        self.marker, self.done = marker, False
+        super().__init__(upstream)
 
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.listener.getsockname()[1]}"
-
-    def _accept(self):
-        while True:
-            try:
-                client, _ = self.listener.accept()
-            except OSError:
-                return
-            server = socket.create_connection(self.upstream)
-            threading.Thread(target=self._pump, args=(client, server, False), daemon=True).start()
-            threading.Thread(target=self._pump, args=(server, client, True), daemon=True).start()
-
-    def _pump(self, source, sink, answers):
+    def _pump(self, source, sink, shared, answers):
         try:
             while data := source.recv(1 << 16):
                 at = data.find(self.marker) if answers and not self.done else -1
@@ -128,9 +113,6 @@ class CorruptingPort:
                     s.shutdown(socket.SHUT_RDWR)
                 except OSError:
                     pass
-
-    def close(self):
-        self.listener.close()
 
 
 def test_a_byte_corrupted_in_transit_fails_the_job(e2e, settings, tmp_path, live_server):

@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import json
 import re
-import socket
-import struct
 import threading
 
 from tests.agent_e2e_jobs.conftest import wait_until
 from tests.datasets_transfer.conftest import finish, header, manifest_of, tar_of, tree
 from tests.datasets_transfer.test_e2e import assert_finished, entry_dir, moved
 from tests.datasets_transfer.conftest import checking_job, make_version
+from tests.datasets_transfer.forwarders import Forwarder, reset
 
 KIB = 1024
 MIB = 1 << 20
@@ -84,55 +83,26 @@ def test_files_kept_from_a_cut_fetch_are_refused_when_they_are_not_the_manifests
     assert again["ok"] and tree(entry / "data") == files
 
 
-def reset(s: socket.socket) -> None:
-    """Close with RST: a socket only shut down still takes the server's bytes into its buffer until
-    that is full, and the server's thread (and its database session) would then wait forever."""
-    try:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-        s.shutdown(socket.SHUT_RDWR)
-    except OSError:
-        pass
-    s.close()
-
-
-class GatePort:
-    """A TCP forwarder in front of the live server that lets `limit` bytes of the archive answer
-    through, then holds the rest until `open()`: a relay that stops midway, on demand."""
+class GatePort(Forwarder):
+    """Lets `limit` bytes of the archive answer through, then holds the rest until `open()`: a relay
+    that stops midway, on demand."""
 
     def __init__(self, upstream: int, limit: int):
-        self.upstream, self.limit, self.gate = ("127.0.0.1", upstream), limit, threading.Event()
-        self.passed, self.sockets = 0, []
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        threading.Thread(target=self._accept, daemon=True).start()
+        self.limit, self.gate, self.passed = limit, threading.Event(), 0
+        super().__init__(upstream)
 
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.listener.getsockname()[1]}"
-
-    def _accept(self):
-        while True:
-            try:
-                client, _ = self.listener.accept()
-            except OSError:
-                return
-            server = socket.create_connection(self.upstream)
-            self.sockets += [client, server]
-            archive = threading.Event()
-            threading.Thread(target=self._pump, args=(client, server, archive, False), daemon=True).start()
-            threading.Thread(target=self._pump, args=(server, client, archive, True), daemon=True).start()
+    def _connection(self):
+        return threading.Event()  # set once the request of this connection asked for an archive
 
     def _pump(self, source, sink, archive, answers):
         try:
             while data := source.recv(1 << 16):
                 if not answers and b"/archive" in data:
                     archive.set()
-                if answers and archive.is_set() and not self.gate.is_set():
-                    room = max(self.limit - self.passed, 0)
-                    self.passed += min(room, len(data))
-                    if room < len(data):
-                        sink.sendall(data[:room])
-                        data = data[room:]
-                        self.gate.wait()
+                if answers and archive.is_set():
+                    data = self._admit(sink, data)
+                    if data is None:
+                        break
                 sink.sendall(data)
         except OSError:
             pass
@@ -140,13 +110,22 @@ class GatePort:
             reset(source)
             reset(sink)
 
+    def _admit(self, sink, data: bytes) -> bytes | None:
+        """Of a chunk of the archive's answer, sends what fits under the limit and holds the rest at the
+        gate; returns what is left to send, or None to end the connection here."""
+        if not self.gate.is_set():
+            room = max(self.limit - self.passed, 0)
+            self.passed += min(room, len(data))
+            if room < len(data):
+                sink.sendall(data[:room])
+                data = data[room:]
+                self.gate.wait()
+        return data
+
     def open(self):
-        """Lets everything through and resets every connection it carried: the server's threads for
-        them end now, not when the worker that opened them stops."""
+        """Lets everything through and resets every connection it carried."""
         self.gate.set()
-        self.listener.close()
-        for s in self.sockets:
-            reset(s)
+        self.close()
 
 
 def test_a_worker_killed_midway_resumes_without_resending_what_the_cache_verified(e2e, settings, tmp_path):
@@ -185,27 +164,19 @@ class CutPort(GatePort):
     worker's download breaks off inside a member while the SSH side stays up."""
 
     def __init__(self, upstream: int, limit: int):
-        super().__init__(upstream, limit)
         self.cut = False
+        super().__init__(upstream, limit)
 
-    def _pump(self, source, sink, archive, answers):
-        try:
-            while data := source.recv(1 << 16):
-                if not answers and b"/archive" in data:
-                    archive.set()
-                if answers and archive.is_set() and not self.cut:
-                    room = self.limit - self.passed
-                    self.passed += min(room, len(data))
-                    if room <= len(data):
-                        sink.sendall(data[:room])
-                        self.cut = True
-                        break
-                sink.sendall(data)
-        except OSError:
-            pass
-        finally:
-            reset(source)
-            reset(sink)
+    def _admit(self, sink, data: bytes) -> bytes | None:
+        if self.cut:
+            return data
+        room = self.limit - self.passed
+        self.passed += min(room, len(data))
+        if room <= len(data):
+            sink.sendall(data[:room])
+            self.cut = True
+            return None
+        return data
 
 
 def test_an_archive_download_that_breaks_off_resumes_without_sending_anything_twice(e2e, settings, tmp_path):

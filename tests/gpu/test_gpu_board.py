@@ -94,3 +94,21 @@ def test_the_board_speaks_japanese(client, world):
     client.defaults["HTTP_ACCEPT_LANGUAGE"] = "ja"
     page = board(client, world.viewer)
     assert "空き" in row(page, "gpu-host-1", "0") and "使用率" in page and "予約はこのアプリの Job の間でのみ有効です。" in page
+
+
+def test_private_computers_are_on_the_board_only_for_those_who_may_use_or_manage_them(client, world):
+    roots = gpu_computer(world.global_admin, name="roots-private", gpus=("0", "7"), visibility="private")
+    retired = gpu_computer(world.global_admin, name="roots-retired", gpus=("5",), visibility="private")
+    ComputeTarget.objects.filter(pk=retired.pk).update(enabled=False)
+    bobs = gpu_computer(world.member, name="bobs-box", gpus=("3",), visibility="private")
+
+    outsider_page = board(client, world.outsider)
+    assert 'data-computer="roots-private"' not in outsider_page and 'data-computer="bobs-box"' not in outsider_page
+    one = client.get(reverse("gpu-board") + f"?fragment=board&computer={retired.pk}", HTTP_HX_REQUEST="true")
+    assert 'data-gpu="5"' not in one.content.decode(), "nor asked for by id"
+    assert client.get(reverse("computer-detail", args=[roots.pk])).status_code == 404, "as on its details page"
+
+    bobs_page = board(client, world.member)
+    assert "Free" in row(bobs_page, "bobs-box", "3") and 'data-computer="roots-private"' not in bobs_page
+    admins_page = board(client, world.global_admin)
+    assert "Free" in row(admins_page, "roots-private", "7") and "Free" in row(admins_page, "bobs-box", "3")
