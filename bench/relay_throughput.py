@@ -1,7 +1,9 @@
 """Relay throughput of input datasets: a 1 GiB version (1000 small files and one large file) goes
 from the server through a real worker into the dataset cache of an SSH target (one tar over the
 worker's SSH connection), next to `cat file | ssh target 'cat > file'` of the same number of bytes
-measured in the same run with the OpenSSH client, and the ratio.
+measured in the same run with the OpenSSH client, and the ratio. Direct download is printed beside it: the
+same version into a cold cache on the same target, fetched by the target itself with the job token from
+the archive endpoint (one tar, `dataset_transfer = direct`).
 
     .venv/bin/python bench/relay_throughput.py [--mb 1024]
 
@@ -117,10 +119,10 @@ def run(total: int) -> None:
     worker = subprocess.Popen([str(Path(sys.executable).with_name("mado-tracking-worker")), "run"], env=env,
                               stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
 
-    def job_moving() -> tuple[int, float]:
+    def job_moving(target=computer, mode="relay") -> tuple[int, float]:
         with transaction.atomic():
             job = job_services.create_job(Actor(world.member), world.project, {
-                "computer": computer.pk, "runtime": "python", "command": ["python", "-c", "pass"]})
+                "computer": target.pk, "runtime": "python", "command": ["python", "-c", "pass"]})
             services.attach_inputs(job, [version])
         deadline = time.monotonic() + 3600
         while (job := Job.objects.get(pk=job.pk)).status not in ("finished", "failed", "canceled"):
@@ -128,22 +130,39 @@ def run(total: int) -> None:
                 raise SystemExit("the job did not end; see " + str(log_path))
             time.sleep(0.2)
         assert job.status == "finished", (job.status, job.error)
-        found = re.findall(rf"job {job.pk}: .*?(?:fetched by relay: (\d+) bytes moved in ([\d.]+) s|(0) bytes moved)",
+        found = re.findall(rf"job {job.pk}: .*?(?:fetched by {mode}: (\d+) bytes moved in ([\d.]+) s|(0) bytes moved)",
                            log_path.read_text())
         moved, seconds, zero = found[-1]
         return (int(moved), float(seconds)) if moved else (0, 0.0)
 
-    try:
-        moved, seconds = job_moving()
-        data = work / ".mmt-cache" / "datasets" / version.digest.removeprefix("sha256:") / "data"
+    def check_cache(directory: Path) -> None:
+        data = directory / ".mmt-cache" / "datasets" / version.digest.removeprefix("sha256:") / "data"
         for item in version.manifest():
             digest = hashlib.sha256()
             with open(data / item["path"], "rb") as f:
                 for block in iter(lambda: f.read(1 << 20), b""):
                     digest.update(block)
             assert digest.hexdigest() == item["sha256"], item["path"]
+
+    # Direct: the same version into another working directory (a cold cache), downloaded by the target
+    # itself with the job token from the archive endpoint.
+    settings.PUBLIC_URL = f"http://127.0.0.1:{server.port}"
+    direct_work = sshd.home / f"bench-direct-{uuid.uuid4().hex[:6]}"
+    direct_work.mkdir()
+    os.chown(direct_work, *owner)
+    direct_computer = ComputeTarget.objects.create(
+        owner=world.global_admin, name="bench-sshd-direct", kind="ssh", visibility="public", enabled=True,
+        host="127.0.0.1", port=sshd.port, ssh_user=sshd.user, ssh_key_path=str(sshd.key_path),
+        known_hosts_path=str(sshd.known_hosts_path), working_dir=str(direct_work), python_path="/usr/bin/python3",
+        runtimes=["python"], concurrency=1, dataset_transfer="direct")
+
+    try:
+        moved, seconds = job_moving()
+        check_cache(work)
         again, _ = job_moving()
         assert again == 0, again
+        direct_moved, direct_seconds = job_moving(direct_computer, "direct")
+        check_cache(direct_work)
 
         source = var / "baseline.bin"
         with open(source, "wb") as f:
@@ -163,6 +182,11 @@ def run(total: int) -> None:
               f"channel in {seconds:.1f} s)")
         print(f"cat_pipe_ssh_cat: {source.stat().st_size / baseline / 1e6:.0f} MB/s ({baseline:.1f} s)")
         print(f"relay_vs_cat_ssh: {(version.total_size / seconds) / (source.stat().st_size / baseline):.2f} ratio")
+        print(f"direct_download: {version.total_size / direct_seconds / 1e6:.0f} MB/s ({direct_moved} bytes from the "
+              f"archive endpoint in {direct_seconds:.1f} s, bit-exact in a cold cache)")
+        print(f"direct_vs_cat_ssh: {(version.total_size / direct_seconds) / (source.stat().st_size / baseline):.2f} "
+              "ratio")
+        print(f"load_average: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     finally:
         worker.send_signal(signal.SIGTERM)
         worker.wait(timeout=30)
@@ -170,6 +194,7 @@ def run(total: int) -> None:
         server.terminate()
         sshd.stop()
         shutil.rmtree(work, ignore_errors=True)
+        shutil.rmtree(direct_work, ignore_errors=True)
 
 
 if __name__ == "__main__":

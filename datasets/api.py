@@ -1,5 +1,6 @@
 """The datasets API (/api/projects/{p}/datasets/…): viewers read; members write, with `registry:write`
-on API tokens. File bytes go up with PUT in resumable parts and come down with GET and Range."""
+on API tokens. File bytes go up as one tar of many files (PUT …/archive) or with PUT in resumable parts,
+and come down as one tar (GET|POST …/archive) or with GET and Range."""
 from __future__ import annotations
 
 import json
@@ -20,6 +21,7 @@ from mado.api.views import json_object, project_for
 from mado.choices import Role, Scope
 from mado.errors import Conflict, ServiceError
 from mado.exceptions import error_body
+from mado.permissions import JobTokenForbidden
 from mado.services import Actor
 
 WRITE = {"GET": Scope.READ, "POST": Scope.REGISTRY_WRITE, "PUT": Scope.REGISTRY_WRITE}
@@ -177,10 +179,29 @@ class VersionFileView(APIView):
 class VersionArchiveView(APIView):
     """GET [?files=a&files=b]: a complete version, or the files named, as one uncompressed tar
     (datasets.archive); POST {"files": [...]} for more names than a URL holds. Viewers and job tokens
-    read it (direct transfer: the computer downloads with the job token)."""
+    of the project read it (direct transfer: the computer downloads with the job token; seed 001: a job
+    token reads within its project). PUT: an uncompressed tar of files of an uploading version
+    (services.receive_archive), for members with `registry:write`; never a job token."""
 
-    required_scopes = {"GET": Scope.READ, "POST": Scope.READ}
+    required_scopes = {"GET": Scope.READ, "POST": Scope.READ, "PUT": Scope.REGISTRY_WRITE}
+    # The POST is a read (a list of names too long for a URL); PUT refuses job tokens itself.
+    allow_job_token = True
     parser_classes: list = []
+
+    # The body is an uncompressed tar (the CLI labels it application/x-tar); the content type is not
+    # checked, and the schema says octet-stream like the file PUT, for clients that know no tar type.
+    @extend_schema(operation_id="dataset_version_archive_upload",
+                   request={"application/octet-stream": OpenApiTypes.BINARY}, responses=OpenApiTypes.OBJECT)
+    def put(self, request, project, dataset, version):
+        if getattr(request.auth, "is_job", False):
+            raise JobTokenForbidden()
+        version = _version(request, project, dataset, version, write=True)
+        try:
+            answer = services.receive_archive(version, request._request, request.META.get("CONTENT_LENGTH"))
+        except ServiceError:
+            _drain(request._request)
+            raise
+        return Response(answer)
 
     @extend_schema(operation_id="dataset_version_archive",
                    responses={(200, "application/x-tar"): OpenApiTypes.BINARY})
@@ -191,6 +212,16 @@ class VersionArchiveView(APIView):
                    responses={(200, "application/x-tar"): OpenApiTypes.BINARY})
     def post(self, request, project, dataset, version):
         return archive.response_for(_version(request, project, dataset, version), files_parameter(request))
+
+
+def _drain(readable) -> None:
+    """Read the rest of a refused body: a client still sending gets the refusal (which names the file)
+    only if the server takes its body to the end; a server that closes instead leaves it a broken pipe."""
+    try:
+        while readable.read(STREAM_CHUNK):
+            pass
+    except OSError:
+        pass  # the client is gone
 
 
 def files_parameter(request) -> list[str] | None:

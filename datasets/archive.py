@@ -20,9 +20,11 @@ import tarfile
 from collections.abc import Iterator
 
 from django.http import StreamingHttpResponse
+
 from datasets.models import DatasetEntry, DatasetVersion
 from datasets.services import media
 from mado.errors import Conflict, ServiceError
+from mado.validation import text_problem
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +45,11 @@ def clean_files(raw) -> list[str] | None:
     if not isinstance(raw, list) or not all(isinstance(p, str) for p in raw) or len(raw) > MAX_FILES:
         raise ServiceError(f"files is a list of at most {MAX_FILES} paths of the version's manifest.",
                            "invalid_files", fields={"files": ["A list of paths."]})
+    if any(text_problem(p) for p in raw):
+        # Not echoed back: a path with a NUL or half a surrogate pair can be neither stored nor answered.
+        raise ServiceError("files names a path with a NUL character or an unpaired surrogate; no manifest path "
+                           "has one. Send the paths as the manifest lists them.", "invalid_files",
+                           fields={"files": ["Unstorable characters."]})
     if len(set(raw)) != len(raw):
         raise ServiceError("files names a path twice; name each file once.", "invalid_files",
                            fields={"files": ["Duplicate path."]})

@@ -1,19 +1,24 @@
 """State changes of datasets: create a dataset, create a version from a manifest, receive file bytes
-in resumable parts, complete a version, and turn a finished job's declared outputs into versions.
+in resumable parts or many files as one tar, complete a version, and turn a finished job's declared
+outputs into versions.
 
 Bytes are streamed to disk outside database transactions (jobs.storage); rows change in short ones."""
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import re
 import shutil
+import tarfile
 import uuid
 from pathlib import Path
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
-from django.db.models import F, Max, Q
+from django.db.models import F, Max, Q, Value
+from django.db.models.functions import Concat, Substr
+from django.http import UnreadablePostError
 from django.utils import timezone
 
 from datasets import access, manifest
@@ -263,6 +268,123 @@ def _finish(stored: DatasetFile, path: str, part: Path, received: int) -> Datase
     stored.complete = True
     stored.save(update_fields=["file", "received_bytes", "complete"])
     return stored
+
+
+# Many files in one stream ----------------------------------------------------------------------
+# PUT …/versions/{v}/archive: an uncompressed tar of files of the version (the CLI sends the files the
+# server still needs, up to UPLOAD_FILE_MAX bytes each, in batches). Not resumable inside a file: a tar
+# member always starts at byte 0, so large files keep the resumable parts of receive_file. A tar rather
+# than the outputs' frames: any `tar c` makes one, and its length is known before it is sent (the CLI
+# builds the headers itself), which the request needs (Django reads no chunked bodies).
+
+UPLOAD_MAX_FILES = 10_000
+UPLOAD_MAX_BYTES = 4 << 30  # of one request's body
+UPLOAD_COMMIT_EVERY = 200  # verified files are marked complete in groups: one UPDATE each, not one per file
+
+
+def receive_archive(version: DatasetVersion, readable, length) -> dict:
+    """Store the files of an uncompressed tar of `length` bytes read from `readable`: every member a
+    regular file named by a path of the version's manifest, with the manifest's size. Each is written
+    aside, hashed as it arrives and moved into the project's storage only when its sha256 matches;
+    verified files are marked complete in groups as the stream goes and in a `finally`, so a cut upload
+    keeps them and asking for the version again (POST …/versions with the manifest) lists only the rest.
+    Contents the server holds already are read past. Returns {confirmed, stored_files, received_bytes};
+    a member that cannot be taken raises a ServiceError naming the file and what to do (the files before
+    it stay stored)."""
+    try:
+        length = int(length)
+    except (TypeError, ValueError):
+        raise ServiceError("Send the archive with a Content-Length (an uncompressed tar of the version's files).",
+                           "length_required", status=411) from None
+    if length > UPLOAD_MAX_BYTES:
+        raise ServiceError(f"One archive upload is at most {UPLOAD_MAX_BYTES >> 30} GiB; send the files in several "
+                           "archives, or large files in parts (PUT …/files/{path} with Content-Range).",
+                           "archive_too_large", status=413)
+    wanted = {path: (pk, sha, size, complete) for path, pk, sha, size, complete in version.entries.values_list(
+        "path", "file_id", "sha256", "size", "file__complete").iterator(chunk_size=BATCH)}
+    prefix = f"datasets/{version.dataset.project_id}/files/"
+    scratch = media("partial/datasets")
+    scratch.mkdir(parents=True, exist_ok=True)
+    confirmed: list[str] = []
+    verified: list[int] = []
+    done: set[int] = set()
+    stored = 0
+    try:
+        with tarfile.open(fileobj=readable, mode="r|", bufsize=storage.CHUNK) as archive:
+            for member in archive:
+                path = member.name.removeprefix("./")
+                if member.isdir():
+                    continue
+                pk, sha, size, complete = _upload_member(version, member, path, wanted, len(confirmed))
+                if complete or pk in done:
+                    confirmed.append(path)  # tarfile reads past the bytes not taken
+                    continue
+                target = media(f"{prefix}{sha[:2]}/{sha}")
+                target.parent.mkdir(parents=True, exist_ok=True)
+                _receive_member(archive.extractfile(member), scratch / f"upload-{uuid.uuid4().hex}", target, path,
+                                sha)
+                verified.append(pk)
+                done.add(pk)
+                stored += size
+                confirmed.append(path)
+                if len(verified) % UPLOAD_COMMIT_EVERY == 0:
+                    _mark_stored(verified[-UPLOAD_COMMIT_EVERY:], prefix)
+    except (tarfile.TarError, EOFError, UnreadablePostError) as exc:  # the client's stream broke off
+        after = f" after {confirmed[-1]}" if confirmed else ""
+        raise ServiceError(f"The archive ended early or is not an uncompressed tar{after} ({exc}); the files "
+                           "before that are stored. Ask for the version again (POST …/versions with the manifest) "
+                           "and send the files it still lists.", "archive_truncated", status=400,
+                           fields={"confirmed": [str(len(confirmed))]}) from None
+    finally:
+        _mark_stored(verified[len(verified) - len(verified) % UPLOAD_COMMIT_EVERY:], prefix)
+        log.info("dataset version %s: archive upload of %d file(s): %d stored (%d bytes)", version.pk,
+                 len(confirmed), len(verified), stored)
+    return {"confirmed": confirmed, "stored_files": len(verified), "received_bytes": stored}
+
+
+def _upload_member(version, member, path: str, wanted: dict, count: int) -> tuple[int, str, int, bool]:
+    """The manifest's (file id, sha256, size, stored already) for a member of an uploaded archive."""
+    if count >= UPLOAD_MAX_FILES:
+        raise ServiceError(f"One archive upload holds at most {UPLOAD_MAX_FILES} files; send the rest in another "
+                           "one (the files before stay stored).", "archive_too_large", status=413)
+    if member.type not in (tarfile.REGTYPE, tarfile.AREGTYPE):
+        raise ServiceError(f"{path} is a link or a special file in the archive; send regular files only (the files "
+                           "before it are stored).", "invalid_member", fields={"path": [path]})
+    found = wanted.get(path)
+    if found is None:
+        raise ServiceError(f"{path} is not a file of version {version.pk}'s manifest; send only the files the "
+                           "version lists (POST …/versions with the manifest answers which ones the server still "
+                           "needs). The files before it are stored.", "not_in_manifest", fields={"path": [path]})
+    if member.size != found[2]:
+        raise ServiceError(f"{path} is {member.size} bytes in the archive but {found[2]} in the manifest: it changed "
+                           "since it was hashed. Upload again from the start (the CLI hashes every file anew); the "
+                           "files before it are stored.", "size_mismatch", fields={"path": [path]})
+    return found
+
+
+def _receive_member(source, part: Path, target: Path, path: str, sha: str) -> None:
+    """One member's bytes into `target`, through `part`, if they match `sha`."""
+    digest = hashlib.sha256()
+    try:
+        with open(part, "wb") as out:
+            for block in iter(lambda: source.read(storage.CHUNK), b""):
+                digest.update(block)
+                out.write(block)
+        if digest.hexdigest() != sha:
+            raise ServiceError(f"The bytes of {path} do not match its sha256 in the manifest; the server dropped them "
+                               "and kept the files before it. Check that the file did not change since it was "
+                               "hashed, then upload again (the CLI hashes every file anew).", "sha256_mismatch",
+                               fields={"path": [path]})
+        os.replace(part, target)
+    finally:
+        storage.remove(part)
+
+
+def _mark_stored(pks: list[int], prefix: str) -> None:
+    if pks:
+        DatasetFile.objects.filter(pk__in=pks, complete=False).update(
+            complete=True, received_bytes=F("size"),
+            file=Concat(Value(prefix), Substr("sha256", 1, 2), Value("/"), F("sha256")))
 
 
 # Versions declared by a job's result.json -----------------------------------------------------

@@ -22,13 +22,16 @@ directories are mode 700.
 Commands (one JSON object per stdout line; the last line is the answer):
 
     ensure <root>   stdin: one JSON line {job_id, limit_bytes, version: {id, digest, total_size,
-                    file_count}, mode: relay|direct, [api_url, token, manifest_url, files_url]}.
+                    file_count}, mode: relay|direct, [api_url, token, manifest_url, files_url,
+                    archive_url]}.
                     Pins the version for the job, waits for another fetch of it, and answers
                     {"state": "have"} (complete already) or {"state": "send", "have"?: [paths]} (relay:
                     the worker then writes the manifest as one JSON line and, as one uncompressed tar
                     on stdin, the files not in `have` — those a cut fetch verified, hashed again now).
-                    Direct mode downloads every file itself with the job token, 8 at a time: Range
-                    resume, retries after 2 s and 4 s; 404 and digest mismatch fail at once. Every
+                    Direct mode downloads the files not in `have` itself with the job token, as ONE
+                    tar from archive_url (GET, or POST {files} for part of the version): a member cut
+                    off is finished with a Range request of that file, the rest asked for again,
+                    retries after 2 s and 4 s; 404, 401/403 and digest mismatch fail at once. Every
                     file's sha256 and the manifest's digest are checked before complete.json is written.
     usage <root>    {limit_bytes?, used_bytes, entries: [...]}
     release <root> <job_id>   drop the job's pins (a job that never started)
@@ -48,13 +51,12 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
+from collections import deque
 
 TERMINAL = ("exited", "canceled", "timed_out", "failed_to_start")
 PREPARING_SECONDS = 6 * 3600  # a pin of a job whose supervisor has not started yet counts this long
 RETRY_DELAYS = (2.0, 4.0)
 BLOCK = 1 << 20
-PARALLEL = 8  # direct downloads at once
 GIB = 1 << 30
 # Failures after which nothing received is kept: wrong bytes or names in transit. A cut fetch
 # (relay_broken, download_failed, the worker gone) keeps the files it verified.
@@ -67,7 +69,7 @@ class Failed(Exception):
         self.code, self.message = code, message
 
 
-SAYING = threading.Lock()  # direct downloads report retries from several threads
+SAYING = threading.Lock()  # one JSON line at a time, whoever says it
 
 
 def say(**kw):
@@ -394,23 +396,39 @@ class Counting:
         return data
 
 
-def request(url, token, offset=0):
+def request(url, token, offset=0, body=None):
+    """A GET (a POST with a JSON body when `body` is given) with the job token; Range from `offset`."""
     headers = {"Authorization": f"Bearer {token}", "User-Agent": "mado-dataset-cache"}
     if offset:
         headers["Range"] = f"bytes={offset}-"
-    return urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=60)
+    data = None
+    if body is not None:
+        data = json.dumps(body).encode("utf-8")
+        headers["Content-Type"] = "application/json"
+    return urllib.request.urlopen(urllib.request.Request(url, data=data, headers=headers,
+                                                         method="POST" if data is not None else "GET"), timeout=60)
+
+
+def server_says(exc):
+    """The sentence of the server's JSON error body, when it has one (it names the file and what to do)."""
+    try:
+        said = json.loads(exc.read(4096).decode("utf-8")).get("error")
+    except (OSError, ValueError, AttributeError, UnicodeDecodeError):
+        return ""
+    return f" ({said})" if isinstance(said, str) and said else ""
 
 
 def http_failure(exc, what):
     if isinstance(exc, urllib.error.HTTPError):
         if exc.code == 404:
-            return Failed("not_found", f"The server answered 404 for {what}: the version or the file is gone. "
-                                       "Choose an existing dataset version for the job.")
+            return Failed("not_found", f"The server answered 404 for {what}{server_says(exc)}: the version or the "
+                                       "file is gone. Choose an existing dataset version for the job.")
         if exc.code in (401, 403):
-            return Failed("not_allowed", f"The server refused the job token for {what} ({exc.code}); the job may "
-                                         "have ended or its creator may have lost access to the project.")
+            return Failed("not_allowed", f"The server refused the job token for {what} ({exc.code}"
+                                         f"{server_says(exc)}); the job may have ended or its creator may have "
+                                         "lost access to the project.")
         if exc.code < 500 and exc.code not in (408, 429):
-            return Failed("http_error", f"The server answered {exc.code} for {what}.")
+            return Failed("http_error", f"The server answered {exc.code} for {what}{server_says(exc)}.")
     return None
 
 
@@ -432,35 +450,89 @@ def with_retries(action, what):
 
 
 def download(header, partial, version, have=(), journal=None):
-    """Direct mode: the manifest, then the files PARALLEL at a time, each with Range resume; returns
-    the bytes downloaded. One file after the other would spend most of the time on each small file's
-    request (authentication and lookups on the server, a new connection here), not on bytes."""
+    """Direct mode: the manifest, then the files the cache lacks as ONE uncompressed tar from the
+    version's archive endpoint with the job token (GET for the whole version, POST {files} for part of
+    it: what a cut fetch left verified is not asked for again). Each member's name and size must be the
+    next file asked for, and its sha256 the manifest's, before it is journaled. A download that breaks
+    off resumes without fetching a byte twice: the member it broke in is finished with a Range request
+    of that file, the rest comes from a new archive request naming only the files still to fetch, after
+    2 s and 4 s; three failures in a row give up unless bytes arrived meanwhile (then a new round, at
+    most three). 404, 401/403 and a digest mismatch fail at once. Returns (manifest, bytes received)."""
     base = header["api_url"].rstrip("/")
     token = header["token"]
+    archive_url = base + (header.get("archive_url") or header["manifest_url"].removesuffix("/manifest") + "/archive")
+    files_url = base + header["files_url"]
 
     def manifest():
         with request(base + header["manifest_url"], token) as answer:
             return json.loads(answer.read().decode("utf-8"))
 
     items = check_manifest(with_retries(manifest, "the manifest")["items"], version)
-    failed = threading.Event()
-    # Large files first: the one that takes longest starts at once, the small ones fill the other slots.
-    order = sorted((i for i in items if i["path"] not in have), key=lambda i: -int(i["size"]))
-    with ThreadPoolExecutor(max_workers=PARALLEL) as pool:
-        pending = [pool.submit(download_file, base + header["files_url"], token, partial, version, item, failed,
-                               journal)
-                   for item in order]
+    pending = deque(i for i in items if i["path"] not in have)
+    whole = len(pending) == len(items)
+    # The member whose bytes are arriving: how many are in partial/ and their running sha256.
+    state = {"open": None, "have": 0, "digest": None, "moved": 0}
+
+    def receive(source, item):
+        with open_target(partial, item["path"], append=state["have"] > 0) as out:
+            for block in iter(lambda: source.read(BLOCK), b""):
+                if state["have"] + len(block) > item["size"]:
+                    raise mismatch(version, item["path"])
+                state["digest"].update(block)
+                out.write(block)
+                state["have"] += len(block)
+                state["moved"] += len(block)
+        if state["have"] < item["size"]:
+            raise ConnectionError(f"the download ended inside {item['path']} after {state['have']} of "
+                                  f"{item['size']} bytes")
+        if state["digest"].hexdigest() != item["sha256"]:
+            raise mismatch(version, item["path"])
+        if journal is not None:
+            journal.add(item)
+        pending.popleft()
+        state.update(open=None, have=0, digest=None)
+
+    def attempt():
+        item = state["open"]
+        if item is not None:  # broke off inside a member: the rest of that one file, with Range
+            with request(files_url + urllib.parse.quote(item["path"], safe="/"), token, state["have"]) as answer:
+                if state["have"] and answer.status != 206:
+                    raise Failed("http_error", f"The server ignored the Range request for {item['path']}.")
+                receive(answer, item)
+        if not pending:
+            return
+        everything = whole and len(pending) == len(items)
+        with request(archive_url, token, body=None if everything else {"files": [i["path"] for i in pending]}) \
+                as answer:
+            try:
+                with tarfile.open(fileobj=answer, mode="r|", bufsize=BLOCK) as archive:
+                    for member in archive:
+                        item = pending[0] if pending else None
+                        if item is None or member.name != item["path"] or member.size != item["size"] \
+                                or not member.isfile():
+                            raise Failed("unexpected_member", f"The server's archive of input dataset version "
+                                                              f"{version['id']} holds {member.name!r} where "
+                                                              f"{item and item['path']!r} was expected; update the "
+                                                              "worker or the server.")
+                        state.update(open=item, have=0, digest=hashlib.sha256())
+                        receive(archive.extractfile(member), item)
+            except (tarfile.TarError, EOFError) as exc:
+                raise ConnectionError(f"the archive broke off ({type(exc).__name__}: {exc})") from None
+        if pending:
+            raise ConnectionError(f"the archive ended before {pending[0]['path']}")
+
+    for tries in range(len(RETRY_DELAYS) + 1):
+        before = len(pending), state["have"]
         try:
-            done, _ = wait(pending, return_when=FIRST_EXCEPTION)
-            for future in done:
-                if future.exception() is not None:
-                    raise future.exception()
-        finally:
-            if not all(future.done() for future in pending):
-                failed.set()  # the other downloads stop at their next block
-                for future in pending:
-                    future.cancel()
-    return items, sum(future.result() for future in pending)
+            with_retries(attempt, f"the archive of input dataset version {version['id']}")
+            break
+        except Failed as exc:
+            # A break that still moved bytes starts a fresh round of retries: only a download that makes
+            # no progress three times in a row gives up.
+            if exc.code != "download_failed" or (len(pending), state["have"]) == before or \
+                    tries == len(RETRY_DELAYS):
+                raise
+    return items, state["moved"]
 
 
 def check_tree(partial, items):
@@ -479,38 +551,6 @@ def check_tree(partial, items):
     if extra or missing or wrong:
         raise Failed("relay_broken", f"The cache entry does not hold exactly the version's files "
                                      f"({(extra + missing + wrong)[0]}); run the job again.")
-
-
-def download_file(files_url, token, partial, version, item, failed, journal=None):
-    """One file of a direct download, checked against its sha256; returns the bytes downloaded."""
-    url = files_url + urllib.parse.quote(item["path"], safe="/")
-    digest = hashlib.sha256()
-    state = {"have": 0}
-
-    def fetch():
-        if failed.is_set():
-            raise Failed("stopped", "Another file of the version failed.")
-        with request(url, token, state["have"]) as answer:
-            if state["have"] and answer.status != 206:
-                raise Failed("http_error", f"The server ignored the Range request for {item['path']}.")
-            with open_target(partial, item["path"], append=state["have"] > 0) as out:
-                for block in iter(lambda: answer.read(BLOCK), b""):
-                    if failed.is_set():
-                        raise Failed("stopped", "Another file of the version failed.")
-                    if state["have"] + len(block) > item["size"]:
-                        raise mismatch(version, item["path"])
-                    digest.update(block)
-                    out.write(block)
-                    state["have"] += len(block)
-        if state["have"] != item["size"]:
-            raise ConnectionError(f"{item['path']} ended after {state['have']} of {item['size']} bytes")
-
-    with_retries(fetch, item["path"])
-    if digest.hexdigest() != item["sha256"]:
-        raise mismatch(version, item["path"])
-    if journal is not None:
-        journal.add(item)
-    return state["have"]
 
 
 def seal(entry, items, version, moved):

@@ -9,8 +9,9 @@ connection; this module is the worker's side of it.
   for (what a cut fetch verified stays there). A download that breaks resumes without resending: the
   member it broke in with Range, the rest with a new archive request naming them (retries after 2 s
   and 4 s); 404 fails at once. The target checks every file's sha256 before the version counts.
-- direct: the target downloads itself with the job token (`dataset_cache.py` uses urllib); the
-  worker only hands it the URLs and the token (on stdin, never in an argv).
+- direct: the target downloads itself with the job token (`dataset_cache.py` uses urllib): the
+  manifest, then the files its cache lacks as ONE tar from the project API's archive endpoint, resumed
+  like the relay's; the worker only hands it the URLs and the token (on stdin, never in an argv).
 
 Either way the target answers `have` when the version is complete in its cache already, so a second
 job moves no bytes, and concurrent jobs wait on the entry's lock while the first one fetches."""
@@ -317,7 +318,9 @@ def _header(job: dict, version: dict, mode: str) -> dict:
               "version": {k: version[k] for k in ("id", "digest", "total_size", "file_count")}}
     if mode == "direct":
         header.update(api_url=str(job.get("api_url") or "").rstrip("/"), token=str(job.get("job_token") or ""),
-                      manifest_url=version["manifest_url"], files_url=version["files_url"])
+                      manifest_url=version["manifest_url"], files_url=version["files_url"],
+                      archive_url=version.get("archive_url") or version["manifest_url"].removesuffix("/manifest")
+                      + "/archive")
     return header
 
 

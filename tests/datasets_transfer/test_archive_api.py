@@ -51,13 +51,22 @@ def test_only_the_files_asked_for_in_that_order(claimed, files, job_worker):  # 
 
 @pytest.mark.parametrize("body, code", [({"files": ["nope.txt"]}, "not_in_manifest"),
                                         ({"files": ["big/audio.bin", "big/audio.bin"]}, "invalid_files"),
-                                        ({"files": "big/audio.bin"}, "invalid_files"), ({}, "invalid_files")])
+                                        ({"files": "big/audio.bin"}, "invalid_files"), ({}, "invalid_files"),
+                                        ({"files": ["\ud800"]}, "invalid_files"),
+                                        ({"files": ["a\u0000b"]}, "invalid_files")])
 def test_bad_file_lists_say_what_to_fix(claimed, job_worker, body, code):  # noqa: F811
     job, item = claimed
     [payload] = item["input_datasets"]
     answer = job_worker.client.post(payload["worker_archive_url"] + "?worker_id=lab-worker-1&lease_id="
                                     + item["lease_id"], json.dumps(body), content_type="application/json")
     assert answer.status_code in (404, 422) and answer.json()["code"] == code, answer.json()
+
+
+def test_a_path_with_a_nul_in_the_query_is_refused_with_what_to_fix(claimed, job_worker):  # noqa: F811
+    job, item = claimed
+    [payload] = item["input_datasets"]
+    answer = job_worker.client.get(payload["worker_archive_url"], {**lease(item), "files": ["a\x00b"]})
+    assert answer.status_code == 422 and answer.json()["code"] == "invalid_files", answer.content
 
 
 def test_outside_the_lease_and_missing_bytes_are_refused_before_any_byte(claimed, job_worker, version,  # noqa: F811

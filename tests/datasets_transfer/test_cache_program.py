@@ -1,15 +1,12 @@
 """worker_agent/dataset_cache.py run as a local process, as the worker runs it on a target: the
 relay path (one tar on stdin), the cache layout, read-only entries, one fetch for concurrent jobs,
-LRU eviction that skips pinned versions, the size limit, and direct downloads with retries."""
+LRU eviction that skips pinned versions and the size limit. Direct downloads: test_direct.py."""
 from __future__ import annotations
 
 import json
 import os
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
-import pytest
 
 from tests.datasets_transfer.conftest import (digest_of, finish, header, manifest_of, sample_files, sha, tar_of, tree,
                                               writable_bits)
@@ -179,122 +176,6 @@ def test_two_jobs_starting_together_fetch_once(cache):
     assert json.loads(waiting["line"]) == {"state": "have"}
     out = finish(second)
     assert json.loads(out.decode().splitlines()[-1])["received_bytes"] == 0
-
-
-# -- direct mode against a small HTTP server --------------------------------------------------------
-
-class Server:
-    """Serves a manifest and files like the datasets API; `faults` changes answers per path."""
-
-    def __init__(self, files: dict[str, bytes]):
-        self.files = files
-        self.faults: dict[str, list] = {}
-        self.requests: list[tuple[str, str | None, float]] = []
-        outer = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args):
-                pass
-
-            def do_GET(self):
-                outer.requests.append((self.path, self.headers.get("Range"), time.monotonic()))
-                assert self.headers["Authorization"] == "Bearer mado_mtj_test"
-                if self.path == "/api/m/manifest":
-                    return self.send(200, json.dumps({"digest": digest_of(files), "items": manifest_of(files)})
-                                     .encode())
-                from urllib.parse import unquote
-                path = unquote(self.path.removeprefix("/api/f/"))
-                fault = (outer.faults.get(path) or [None]).pop(0) if outer.faults.get(path) else None
-                data = outer.files[path]
-                start = int(self.headers["Range"].split("=")[1].rstrip("-")) if self.headers.get("Range") else 0
-                if fault == 404:
-                    return self.send(404, b'{"error": "gone", "code": "file_missing"}')
-                if fault == 503:
-                    return self.send(503, b"{}")
-                if fault == "cut":  # announce everything, send half, drop the connection
-                    self.send_response(206 if start else 200)
-                    self.send_header("Content-Length", str(len(data) - start))
-                    self.end_headers()
-                    self.wfile.write(data[start:start + (len(data) - start) // 2])
-                    self.wfile.flush()
-                    self.connection.shutdown(2)
-                    return
-                if fault == "flip":
-                    data = data[:5] + bytes([data[5] ^ 0x80]) + data[6:]
-                self.send(206 if start else 200, data[start:])
-
-            def send(self, status, body):
-                self.send_response(status)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
-
-    @property
-    def url(self):
-        return f"http://127.0.0.1:{self.httpd.server_address[1]}"
-
-    def close(self):
-        self.httpd.shutdown()
-        self.httpd.server_close()
-
-
-@pytest.fixture
-def server():
-    files = sample_files(15, 400 * KIB)
-    s = Server(files)
-    yield s
-    s.close()
-
-
-def direct(cache, server, **kw):
-    return cache.ensure(server.files, mode="direct", api_url=server.url, token="mado_mtj_test",
-                        manifest_url="/api/m/manifest", files_url="/api/f/", **kw)
-
-
-def test_direct_downloads_every_file_with_the_job_token(cache, server):
-    progress, answer = direct(cache, server)
-    assert progress == [{"state": "fetching"}]
-    assert answer["ok"] and answer["received_bytes"] == sum(map(len, server.files.values()))
-    assert tree(cache.entry(server.files) / "data") == server.files
-    count = len(server.requests)
-    assert direct(cache, server)[1]["received_bytes"] == 0 and len(server.requests) == count
-
-
-def test_direct_resumes_a_broken_download_with_range_after_2_s(cache, server):
-    server.faults["big/audio.bin"] = ["cut"]
-    progress, answer = direct(cache, server)
-    assert answer["ok"] and tree(cache.entry(server.files) / "data") == server.files
-    assert [p["delay"] for p in progress if p["state"] == "retrying"] == [2.0]
-    big = [(r, t) for p, r, t in server.requests if p.endswith("audio.bin")]
-    assert big[0][0] is None and big[1][0] == f"bytes={200 * KIB}-"
-    assert 1.9 < big[1][1] - big[0][1] < 3.5
-
-
-def test_direct_retries_server_errors_2_s_then_4_s_then_fails(cache, server):
-    server.faults["big/audio.bin"] = [503, 503, 503]
-    progress, answer = direct(cache, server)
-    assert [p["delay"] for p in progress if p["state"] == "retrying"] == [2.0, 4.0]
-    assert answer["code"] == "download_failed" and "3 times" in answer["error"]
-
-
-def test_direct_404_fails_at_once(cache, server):
-    server.faults["big/audio.bin"] = [404]
-    started = time.monotonic()
-    progress, answer = direct(cache, server)
-    assert time.monotonic() - started < 1.5 and not [p for p in progress if p["state"] == "retrying"]
-    assert answer["code"] == "not_found" and "404" in answer["error"]
-
-
-def test_direct_digest_mismatch_fails_at_once(cache, server):
-    server.faults["big/audio.bin"] = ["flip"]
-    started = time.monotonic()
-    _, answer = direct(cache, server)
-    assert time.monotonic() - started < 1.5
-    assert answer["code"] == "digest_mismatch" and "big/audio.bin" in answer["error"]
-    assert not (cache.entry(server.files) / "complete.json").exists()
 
 
 def test_sha_helper_matches_the_manifest():
