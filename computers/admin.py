@@ -5,7 +5,7 @@ the Computers page."""
 from django.contrib import admin
 
 from computers import services
-from computers.models import ComputeGroup, ComputeTarget, ConnectionCheck, DirectoryRead
+from computers.models import ComputeGroup, ComputeTarget, ConnectionCheck, DirectoryRead, GpuReading
 from mado.admin import ReadOnlyAdmin, ServiceActionMixin
 
 
@@ -65,3 +65,13 @@ class DirectoryReadAdmin(ReadOnlyAdmin):
     search_fields = ["target__name", "path"]
     list_select_related = ["target", "requested_by", "requested_worker"]
     date_hierarchy = "created_at"
+
+
+@admin.register(GpuReading)
+class GpuReadingAdmin(ReadOnlyAdmin):
+    """The GPU watch's latest reading of each registered GPU (one row per GPU, overwritten every sample)."""
+
+    list_display = ["target", "gpu_id", "utilization", "memory_used", "memory_total", "outside", "seen_at", "worker"]
+    list_filter = ["target"]
+    search_fields = ["target__name", "gpu_id"]
+    list_select_related = ["target", "worker"]

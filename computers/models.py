@@ -202,3 +202,30 @@ class DirectoryRead(models.Model):
 
     def __str__(self) -> str:
         return f"read {self.path} on {self.target}"
+
+
+class GpuReading(models.Model):
+    """What a worker's GPU watch last read of one registered GPU of a computer (issue 22, docs/gpus.md
+    "The GPU watch"): utilisation and memory now, and the processes outside Mado on it. One row per
+    (computer, GPU), overwritten every sample (computers.services.record_gpu_readings), so the table holds
+    as many rows as there are registered GPUs, never a history. The GPU board shows a row only while it is
+    fresh (seen_at within jobs.gpu_board.READING_FRESH_SECONDS): seed 002's reservations do not stop people
+    using a GPU over SSH, and a GPU that no Job holds would otherwise always look free."""
+
+    target = models.ForeignKey(ComputeTarget, on_delete=models.CASCADE, related_name="gpu_readings")
+    gpu_id = models.CharField(max_length=64, help_text=_("The GPU ID as registered on the computer."))
+    utilization = models.FloatField(null=True, blank=True, help_text=_("Percent; empty where the GPU cannot say."))
+    memory_used = models.FloatField(null=True, blank=True, help_text=_("MiB used."))
+    memory_total = models.FloatField(null=True, blank=True, help_text=_("MiB in all."))
+    # [{"pid": 4242, "user": "alice"}]: processes on the GPU that belong to no Mado Job (no MMT_JOB_ID in
+    # an environment the computer's login user can read).
+    outside = models.JSONField(default=list, blank=True)
+    seen_at = models.DateTimeField(db_index=True, help_text=_("When the server received it."))
+    worker = models.ForeignKey("workers.Worker", on_delete=models.SET_NULL, null=True, blank=True, related_name="+")
+
+    class Meta:
+        ordering = ["target_id", "gpu_id"]
+        constraints = [models.UniqueConstraint(fields=["target", "gpu_id"], name="gpu_reading_one_per_gpu")]
+
+    def __str__(self) -> str:
+        return f"GPU {self.gpu_id} of {self.target_id} at {self.seen_at:%Y-%m-%d %H:%M:%S}"

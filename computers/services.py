@@ -37,10 +37,11 @@ from computers.models import (
     ComputeTarget,
     ConnectionCheck,
     DirectoryRead,
+    GpuReading,
 )
 from mado.errors import Conflict, Forbidden, ServiceError
 from mado.services import SYSTEM, Actor, audit
-from mado.validation import NAME_PATTERN, as_int, int_field
+from mado.validation import NAME_PATTERN, as_int, int_field, text_problem
 from workers.longpoll import notify
 
 GPU_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9-]{0,63}$")
@@ -466,6 +467,105 @@ def _path(value) -> str:
 
 def _sanitise(text: str) -> str:
     return "".join(ch for ch in text if ch.isprintable())[:200]
+
+
+# GPU readings of the worker's GPU watch (issue 22, docs/gpus.md "The GPU watch") --------------------------
+
+MAX_READING_GPUS = 64
+MAX_OUTSIDE_PROCESSES = 32
+MAX_PROCESS_USER = 64
+MAX_PID = 2**31 - 1
+MAX_MIB = float(2**40)
+
+
+def served_for_gpu_watch(worker):
+    """The computers whose GPUs `worker` watches and may report: the SSH and Local computers it serves
+    (computers.access.served_by_worker, the same rule as its jobs), narrowed by its target ids when it
+    has some, enabled, with registered GPUs (jobs.services._claimable narrows the same way)."""
+    from computers import access
+
+    served = access.served_by_worker(worker.account).filter(enabled=True).exclude(gpu_ids=[])
+    if worker.target_ids:
+        served = served.filter(pk__in=worker.target_ids)
+    return served.order_by("pk")
+
+
+def record_gpu_readings(worker, computer_id: int, gpus) -> tuple[int, list[str]]:
+    """Store what the worker's GPU watch read on a computer it serves: one GpuReading per registered GPU,
+    updated in place (one statement: INSERT … ON CONFLICT DO UPDATE). GPU IDs the computer does not
+    register (changed since the worker's last hello) are left out and returned. A computer this worker
+    does not serve is a 404, so a worker learns nothing of others' computers."""
+    target = served_for_gpu_watch(worker).filter(pk=computer_id).first()
+    if target is None:
+        raise ServiceError("No enabled computer with registered GPUs and this id that this worker serves (its "
+                           "service account may use it, within its MMT_WORKER_TARGET_IDS).", "not_found", status=404)
+    readings = _clean_readings(gpus)
+    registered = {str(g) for g in target.gpu_ids or []}
+    ignored = [r["gpu_id"] for r in readings if r["gpu_id"] not in registered]
+    now = timezone.now()
+    rows = [GpuReading(target=target, worker=worker, seen_at=now, **r) for r in readings if r["gpu_id"] in registered]
+    if rows:
+        GpuReading.objects.bulk_create(
+            rows, update_conflicts=True, unique_fields=["target", "gpu_id"],
+            update_fields=["utilization", "memory_used", "memory_total", "outside", "seen_at", "worker"])
+    return len(rows), ignored
+
+
+def _clean_readings(gpus) -> list[dict]:
+    """The body's `gpus`, checked whole before anything is stored: each problem named by its place
+    (`gpus[2].outside[0].user`), all of them in one 422."""
+    if not isinstance(gpus, list) or len(gpus) > MAX_READING_GPUS:
+        raise ServiceError(f"gpus is a list of at most {MAX_READING_GPUS} objects {{id, utilization, "
+                           "memory_used_mib, memory_total_mib, outside}.", "invalid_gpu_readings",
+                           fields={"gpus": [f"A list of at most {MAX_READING_GPUS} objects."]})
+    errors: dict[str, list[str]] = {}
+    cleaned, seen = [], set()
+    for number, raw in enumerate(gpus):
+        at = f"gpus[{number}]"
+        if not isinstance(raw, dict):
+            errors[at] = ["An object {id, utilization, memory_used_mib, memory_total_mib, outside}."]
+            continue
+        gpu_id = raw.get("id")
+        if not isinstance(gpu_id, str) or not GPU_ID_PATTERN.match(gpu_id):
+            errors[f"{at}.id"] = ["The GPU ID as registered: an index such as 0 or a UUID such as GPU-…"]
+        elif gpu_id in seen:
+            errors[f"{at}.id"] = [f"GPU {gpu_id} is in the list twice."]
+        seen.add(gpu_id if isinstance(gpu_id, str) else None)
+        values = {}
+        for key, field, high, meaning in (("utilization", "utilization", 100.0, "percent from 0 to 100"),
+                                          ("memory_used_mib", "memory_used", MAX_MIB, "MiB, 0 or more"),
+                                          ("memory_total_mib", "memory_total", MAX_MIB, "MiB, 0 or more")):
+            value = raw.get(key)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                      or not 0 <= value <= high):
+                errors[f"{at}.{key}"] = [f"A number ({meaning}), or null where the GPU cannot say."]
+                value = None
+            values[field] = None if value is None else float(value)
+        outside = raw.get("outside", [])
+        processes = []
+        if not isinstance(outside, list) or len(outside) > MAX_OUTSIDE_PROCESSES:
+            errors[f"{at}.outside"] = [f"A list of at most {MAX_OUTSIDE_PROCESSES} processes {{pid, user}}."]
+            outside = []
+        for index, process in enumerate(outside):
+            where = f"{at}.outside[{index}]"
+            if not isinstance(process, dict):
+                errors[where] = ["An object {pid, user}."]
+                continue
+            pid = as_int(process.get("pid"), low=1, high=MAX_PID)
+            if pid is None or not isinstance(process.get("pid"), int):
+                errors[f"{where}.pid"] = [f"A process id, a whole number from 1 to {MAX_PID}."]
+            user = process.get("user")
+            if not isinstance(user, str) or not 0 < len(user) <= MAX_PROCESS_USER or text_problem(user) \
+                    or not user.isprintable():
+                errors[f"{where}.user"] = [f"The process's user: printable text of 1 to {MAX_PROCESS_USER} "
+                                           "characters."]
+            processes.append({"pid": pid, "user": user})
+        cleaned.append({"gpu_id": gpu_id, "outside": processes, **values})
+    if errors:
+        summary = "; ".join(f"{name}: {' '.join(messages)}" for name, messages in list(errors.items())[:5])
+        more = f" (and {len(errors) - 5} more)" if len(errors) > 5 else ""
+        raise ServiceError(f"Fix these GPU readings: {summary}{more}", "invalid_gpu_readings", fields=errors)
+    return cleaned
 
 
 # Directory reads --------------------------------------------------------------------------------

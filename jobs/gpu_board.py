@@ -10,15 +10,21 @@ said about the Job that holds it, never from older news:
   with OUTSIDE), while the worker still beats for it (heartbeat within STALE_SECONDS); gone once it starts;
 - a running Job sharing it: its latest `system/…gpu/<id>/outside_processes` point (how many processes
   outside Mado its probe saw there) is above 0 and at most STALE_SECONDS old (three samples).
-A GPU that no Job holds is looked at by nobody and shows Free.
+A GPU that no Job holds shows Free, with what the worker's GPU watch last read of the whole computer
+(computers.GpuReading, every MMT_WORKER_GPU_WATCH_SECONDS, 30 s by default) while that reading is at most
+READING_FRESH_SECONDS old: its utilisation and memory now, and busy outside the app with each process's pid
+and user (seed 002: reservations do not stop people using a GPU over SSH). A held GPU takes the reading's
+utilisation and memory where its Job's metrics have none, and its processes outside Mado where the Job's
+own news says nothing (not for Docker Jobs: their processes run as root in a container, and a login user
+who cannot read their environment would see the Job's own processes as outside).
 
 It lives in jobs, not computers: computers sits below jobs (DESIGN §2) and may not read reservations.
 A Job of a project the reader cannot view is shown as held, without its name, link or creator (whether
 its GPU is busy outside the app is shown: it says nothing about the Job).
-The same few queries whatever the number of computers, GPUs and Jobs: computers, reservations with
-their Jobs, the holding cluster Jobs' replicas (whose metrics are named system/<replica>/…), the latest metric points
-of the holding Jobs and the latest `waiting` event of the claimed ones (PostgreSQL DISTINCT ON), the
-projects the reader sees. A computer's details show its own row (`details_block`, registered in
+The same few queries whatever the number of computers, GPUs and Jobs: computers, their fresh readings,
+reservations with their Jobs, the holding cluster Jobs' replicas (whose metrics are named system/<replica>/…),
+the latest metric points of the holding Jobs and the latest `waiting` event of the claimed ones (PostgreSQL
+DISTINCT ON), the projects the reader sees. A computer's details show its own row (`details_block`, registered in
 jobs.apps), polled the same way."""
 from __future__ import annotations
 
@@ -33,6 +39,8 @@ from django.utils import timezone
 from django.views.decorators.http import require_GET
 
 from computers import access as computer_access
+from computers.choices import Runtime
+from computers.models import GpuReading
 from jobs.choices import JobStatus
 from jobs.models import GpuReservation, Job, JobEvent, JobReplica, Metric
 from mado import access as identity
@@ -43,6 +51,9 @@ NOW_METRICS = ("utilization", "memory", "outside_processes")
 # Three of the worker's 10-second samples, or two of its 5-second heartbeats and then some: older news of
 # a process outside Mado is not shown (the worker may be gone, the process too).
 STALE_SECONDS = 30
+# Three of the GPU watch's 30-second samples: an older reading is not shown (the worker, or its way to the
+# computer, may be gone).
+READING_FRESH_SECONDS = 90
 # One clause of the worker's waiting reason (worker_agent.gpu_remote.busy_clauses): "GPU 1 is in use by a
 # process outside Mado (pid 4242, user alice)", on a replica "GPU 1 of sub1 on node-b is in use by …".
 OUTSIDE = re.compile(r"GPU (?P<gpu>\S+?)(?: of (?P<replica>\S+) on .+?)? is in use by a process outside Mado "
@@ -64,8 +75,10 @@ class GpuCell:
     url: str = ""
     utilization: float | None = None
     memory: float | None = None
-    outsiders: list[Outsider] = field(default_factory=list)  # named by a waiting Job's reason
+    memory_total: float | None = None  # from the GPU watch's reading
+    outsiders: list[Outsider] = field(default_factory=list)  # named by a waiting Job's reason or the GPU watch
     outside_processes: int = 0  # counted by a running Job's probe (no names)
+    waits: bool = False  # the outsiders are named by the holding Job's waiting reason
 
     @property
     def free(self) -> bool:
@@ -92,6 +105,8 @@ def board(user, computer_id: int | None = None) -> list[ComputerRow]:
                     .select_related("job__project", "job__created_by"))
     held = {(r.target_id, str(r.gpu_id)): r for r in reservations}
     now = timezone.now()
+    readings = {(r.target_id, r.gpu_id): r for r in GpuReading.objects.filter(
+        target__in=computers, seen_at__gte=now - timedelta(seconds=READING_FRESH_SECONDS))}
     prefixes = _metric_prefixes(held)
     latest, waiting = {}, {}
     if held:
@@ -119,12 +134,30 @@ def board(user, computer_id: int | None = None) -> list[ComputerRow]:
                 cell.memory = (latest.get((job.pk, f"{prefix}memory")) or (None,))[0]
                 replica = prefixes[(computer.pk, gpu_id)].removeprefix("system/").rstrip("/") or None
                 cell.outsiders = [o for (g, r, o) in waiting.get(job.pk, []) if g == gpu_id and r == replica]
+                cell.waits = bool(cell.outsiders)
                 count, at = latest.get((job.pk, f"{prefix}outside_processes")) or (0, None)
                 if job.status == JobStatus.RUNNING and count > 0 and at >= now - timedelta(seconds=STALE_SECONDS):
                     cell.outside_processes = int(count)
+            _add_reading(cell, readings.get((computer.pk, gpu_id)))
             cells.append(cell)
         rows.append(ComputerRow(computer, cells))
     return rows
+
+
+def _add_reading(cell: GpuCell, reading: GpuReading | None) -> None:
+    """The GPU watch's fresh reading: a free GPU's figures and processes outside Mado; a held GPU's where
+    its Job said nothing (see the module's docstring for Docker Jobs)."""
+    if reading is None:
+        return
+    if cell.utilization is None:
+        cell.utilization = reading.utilization
+    if cell.memory is None:
+        cell.memory = reading.memory_used
+    cell.memory_total = reading.memory_total
+    if cell.busy_outside or (cell.job is not None and cell.job.runtime == Runtime.DOCKER):
+        return
+    cell.outsiders = [Outsider(int(p["pid"]), str(p["user"])) for p in reading.outside or []
+                      if isinstance(p, dict) and "pid" in p]
 
 
 def _metric_prefixes(held: dict) -> dict[tuple[int, str], str]:

@@ -166,7 +166,7 @@ class FuzzWorld:
         job = self.job_token_job if principal == "job" else self.job
         values = {"project": "lab", "account_id": self.spare_account, "token_id": self.spare_token,
                   "dataset": "speech", "version": self.version["id"], "path": "a.txt", "job_id": job["id"],
-                  "check_id": self.check["id"], "read_id": self.read["id"]}
+                  "check_id": self.check["id"], "read_id": self.read["id"], "computer_id": self.computer.pk}
         if path.startswith("/api/computers/"):
             values["id"] = self.computer.pk
         elif path.startswith("/api/jobs/"):

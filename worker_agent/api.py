@@ -187,6 +187,11 @@ class ApiClient:
                             read_timeout=wait + READ_TIMEOUT, attempts=1)
         return data.get("item"), data
 
+    def gpu_readings(self, computer_id: int, worker_id: str, gpus: list[dict]) -> dict:
+        """What the GPU watch read on a computer this worker serves (docs/gpus.md "The GPU watch")."""
+        return self.request("POST", f"worker/computers/{int(computer_id)}/gpus", {"worker_id": worker_id, "gpus": gpus},
+                            attempts=2)
+
     def goodbye(self, worker_id: str) -> dict:
         """Draining before exit: the server hands this worker nothing more and puts back in the queue
         the jobs it claimed but never started. Once, briefly: a worker that cannot say it still exits."""

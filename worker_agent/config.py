@@ -17,6 +17,7 @@ DEFAULT_PARALLEL_JOBS = 2
 DEFAULT_CLAIM_WAIT = 20
 DEFAULT_CANCEL_GRACE = 10
 DEFAULT_MAX_OUTPUT_FILES = 10_000
+DEFAULT_GPU_WATCH_SECONDS = 30
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
 
@@ -142,6 +143,9 @@ class WorkerConfig:
     # The most files a job's outputs directory may hold (seed 001): the setting a user changes; the server
     # accepts what it allows up to its own maximum, MADO_MAX_OUTPUT_FILES (100 000 by default).
     max_output_files: int = DEFAULT_MAX_OUTPUT_FILES
+    # Seconds between two readings of the GPUs of each computer it serves (worker_agent.gpu_watch, for the
+    # GPU board); 0 turns the watch off.
+    gpu_watch_seconds: int = DEFAULT_GPU_WATCH_SECONDS
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> WorkerConfig:
@@ -185,6 +189,8 @@ class WorkerConfig:
                                     "the seconds from SIGTERM to SIGKILL when a job is stopped")
         max_output_files = _int_setting(env, "MMT_WORKER_MAX_OUTPUT_FILES", DEFAULT_MAX_OUTPUT_FILES, 1, 10_000_000,
                                         "the most files a job's outputs directory may hold")
+        gpu_watch_seconds = _int_setting(env, "MMT_WORKER_GPU_WATCH_SECONDS", DEFAULT_GPU_WATCH_SECONDS, 0, 3600,
+                                         "the seconds between two readings of a computer's GPUs (0 turns it off)")
         ssh_dirs = [home() / ".ssh"]
         extra = env.get("MMT_WORKER_SSH_DIR", "").strip()
         if extra:
@@ -198,7 +204,7 @@ class WorkerConfig:
             parse_bool("MMT_ALLOW_LOCAL_EXECUTOR", env.get("MMT_ALLOW_LOCAL_EXECUTOR"))
         return cls(api_url=api_url, token=token, worker_id=worker_id, state_dir=state_dir, target_ids=target_ids,
                    parallel_jobs=parallel, ssh_dirs=ssh_dirs, allow_local=allow_local, claim_wait=claim_wait,
-                   cancel_grace=cancel_grace, max_output_files=max_output_files)
+                   cancel_grace=cancel_grace, max_output_files=max_output_files, gpu_watch_seconds=gpu_watch_seconds)
 
 
 def _int_setting(env: dict, name: str, default: int, low: int, high: int, meaning: str) -> int:

@@ -313,6 +313,63 @@ def outside_points(sample: Sample, gpu_ids: list[str], before: set[str], step: i
     return points, set(counts)
 
 
+# The server's limits on a GPU watch body (computers.services.record_gpu_readings).
+WATCH_MAX_GPUS = 64
+WATCH_MAX_OUTSIDE = 32
+WATCH_MAX_USER = 64
+
+
+def watch_readings(sample: Sample, gpu_ids: list[str]) -> list[dict]:
+    """The body of worker/computers/{id}/gpus from one sample of the whole computer (worker_agent.gpu_watch):
+    each registered GPU the sample found, with its utilisation and memory now and the processes on it that
+    belong to no Mado job (`Sample.foreign`: no MMT_JOB_ID in an environment the login user can read), as
+    many as the server takes. Values nvidia-smi could not give are null."""
+    body = []
+    for gpu_id in [str(g) for g in gpu_ids][:WATCH_MAX_GPUS]:
+        gpu = sample.gpu(gpu_id)
+        if gpu is None:
+            continue
+        outside = [{"pid": process.pid, "user": _user_text(process.user)}
+                   for _, process in sample.foreign([gpu_id]) if 0 < process.pid < 2**31][:WATCH_MAX_OUTSIDE]
+        body.append({"id": gpu_id, "utilization": _within(gpu.utilization, 100.0),
+                     "memory_used_mib": _within(gpu.memory_used, float(2**40)),
+                     "memory_total_mib": _within(gpu.memory_total, float(2**40)), "outside": outside})
+    return body
+
+
+def _within(value: float | None, high: float) -> float | None:
+    return value if value is not None and 0 <= value <= high else None
+
+
+def _user_text(user: str | None) -> str:
+    text = "".join(ch for ch in str(user or "") if ch.isprintable())[:WATCH_MAX_USER]
+    return text or "unknown"
+
+
+def local_owner(pid: int) -> tuple[str | None, str | None]:
+    """The probe's `owner` for a process of this machine (NVML gives pids only): its user, and its Mado job
+    (MMT_JOB_ID in its environment, when this user may read it)."""
+    try:
+        uid = os.stat(f"/proc/{int(pid)}").st_uid
+    except (OSError, ValueError):
+        return None, None
+    try:
+        import pwd
+
+        user = pwd.getpwuid(uid).pw_name
+    except (KeyError, ImportError):
+        user = str(uid)
+    job = None
+    try:
+        with open(f"/proc/{int(pid)}/environ", "rb") as f:
+            for entry in f.read().split(b"\0"):
+                if entry.startswith(b"MMT_JOB_ID="):
+                    job = entry[11:].decode("ascii", "replace")
+    except OSError:
+        pass
+    return user, job
+
+
 def sample_once(connection, python: str, timeout: float = 90.0) -> Sample:
     """One sample over `connection` (`run`): for the busy check before a start."""
     result = connection.run(probe_command(python, 0), timeout=timeout)

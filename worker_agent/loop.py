@@ -1,7 +1,8 @@
 """The worker's main loop: presence, connection checks, directory reads and jobs.
 
 Jobs have their own threads (`worker_agent.jobs`: the claim loop, one runner and one heartbeat
-thread per job, GPU telemetry). Three more threads here: presence (`worker/hello` at start and
+thread per job, GPU telemetry), and so does the GPU watch (`worker_agent.gpu_watch`: one per computer
+with registered GPUs that the hello's answer lists). Three more threads here: presence (`worker/hello` at start and
 every `hello_interval_seconds`, re-scanning key candidates each time), checks and reads (each a
 long-poll claim → handle → complete, so a read queued while the worker waits is answered as soon as
 the server wakes the poll). Network trouble is retried with backoff and never stops the worker;
@@ -22,6 +23,8 @@ from worker_agent import __version__
 from worker_agent.api import ApiClient, ApiError, ApiUnavailable, Backoff, FatalApiError
 from worker_agent.candidates import scan
 from worker_agent.config import WorkerConfig
+from worker_agent.gpu_watch import CAPABILITY as GPU_WATCH
+from worker_agent.gpu_watch import GpuWatch
 from worker_agent.jobs import JobManager
 from worker_agent.probe import run_check
 from worker_agent.reads import ERRORS, read_directory
@@ -49,6 +52,12 @@ class Worker:
         self.api = api or ApiClient(config.api_url, config.token, stop=self.stop_event)
         self.pool = pool or ConnectionPool(allow_local=config.allow_local)
         self.jobs = JobManager(config, self.api, self.pool, self.stop_event, on_fatal=self._fail) if jobs else None
+        # The GPUs of every computer it serves, for the GPU board (worker_agent.gpu_watch): a worker that runs
+        # jobs, unless MMT_WORKER_GPU_WATCH_SECONDS=0. It shares the jobs' NVML and connections.
+        self.gpu_watch = GpuWatch(interval=config.gpu_watch_seconds, worker_id=config.worker_id, api=self.api,
+                                  pool=self.pool, stop_event=self.stop_event, telemetry=self.jobs.telemetry,
+                                  on_fatal=self._fail) if jobs and config.gpu_watch_seconds > 0 else None
+        self._watching = False  # the watch starts with run_forever, not with run_once
         self.claim_wait = config.claim_wait
         self.hello_interval = HELLO_INTERVAL
         self.fatal: FatalApiError | None = None
@@ -66,7 +75,8 @@ class Worker:
             "hostname": self.config.hostname,
             "parallel_jobs": self.config.parallel_jobs,
             "target_ids": self.config.target_ids,
-            "capabilities": list(CAPABILITIES) + (list(JOB_CAPABILITIES) if self.jobs is not None else []),
+            "capabilities": list(CAPABILITIES) + (list(JOB_CAPABILITIES) if self.jobs is not None else [])
+            + ([GPU_WATCH] if self.gpu_watch is not None else []),
             "ssh_key_candidates": found.ssh_keys,
             "known_hosts_candidates": found.known_hosts,
         }
@@ -76,6 +86,8 @@ class Worker:
         interval = answer.get("hello_interval_seconds")
         if isinstance(interval, (int, float)) and 5 <= interval <= 600:
             self.hello_interval = float(interval)
+        if self.gpu_watch is not None and self._watching:
+            self.gpu_watch.update(answer.get("gpu_watch"))
         return answer
 
     # -- one item each -------------------------------------------------------------------------
@@ -168,6 +180,7 @@ class Worker:
         if install_signals:
             for signum in (signal.SIGTERM, signal.SIGINT):
                 signal.signal(signum, lambda *_: self.stop_event.set())
+        self._watching = True
         try:
             self.hello()  # the first hello decides quickly whether the token works at all
         except FatalApiError as exc:
@@ -190,6 +203,8 @@ class Worker:
             self.jobs.start_threads()
         while not self.stop_event.wait(1.0):
             self.pool.prune()
+        if self.gpu_watch is not None:
+            self.gpu_watch.stop_all()
         if self.fatal is None:
             self.say_goodbye()
         if self.jobs is not None:

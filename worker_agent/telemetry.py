@@ -82,6 +82,46 @@ class GpuTelemetry:
         return values
 
 
+def _text(value) -> str:
+    return value.decode("ascii", "replace") if isinstance(value, bytes) else str(value)
+
+
+def sample_all(telemetry: GpuTelemetry):
+    """Every GPU of this machine with the processes on it, as a gpu_remote.Sample (the GPU watch of a Local
+    computer, worker_agent.gpu_watch); None when NVML is not available. A process's user and Mado job come
+    from /proc here (gpu_remote.local_owner), as the probe finds them on a computer over SSH."""
+    from worker_agent import gpu_remote
+
+    if not telemetry.available:
+        return None
+    nvml = telemetry._nvml
+    sample = gpu_remote.Sample()
+    with telemetry._lock:
+        try:
+            count = nvml.nvmlDeviceGetCount()
+        except Exception as exc:  # the driver went away since NVML started
+            return gpu_remote.Sample(error=f"NVML could not count the GPUs ({type(exc).__name__}: {exc})")
+        for index in range(count):
+            try:
+                handle = nvml.nvmlDeviceGetHandleByIndex(index)
+                uuid = _text(nvml.nvmlDeviceGetUUID(handle))
+                rates = nvml.nvmlDeviceGetUtilizationRates(handle)
+                memory = nvml.nvmlDeviceGetMemoryInfo(handle)
+                processes = nvml.nvmlDeviceGetComputeRunningProcesses(handle)
+            except Exception as exc:  # a GPU that fell off the bus: the others are still read
+                log.debug("GPU %s not read: %s", index, exc)
+                continue
+            sample.gpus.append(gpu_remote.Gpu(str(index), uuid, float(rates.gpu), float(memory.used) / 2**20,
+                                              float(memory.total) / 2**20, None, None))
+            for process in processes:
+                user, job = gpu_remote.local_owner(process.pid)
+                used = getattr(process, "usedGpuMemory", None)
+                sample.processes.append(gpu_remote.Process(uuid, int(process.pid),
+                                                           float(used) / 2**20 if isinstance(used, int) else None,
+                                                           user, job))
+    return sample
+
+
 def metric_points(values: dict[str, tuple[float, float]], step: int, timestamp: str, *,
                   prefix: str = "system/") -> list[dict]:
     """`prefix`: `system/<replica>/` for a cluster job's replica (gpu_remote.replica_prefix)."""

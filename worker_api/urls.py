@@ -13,6 +13,7 @@ urlpatterns = [
     path("worker/checks/<int:check_id>/complete", views.CheckCompleteView.as_view(), name="api-worker-check-complete"),
     path("worker/reads/claim", views.ReadClaimView.as_view(), name="api-worker-read-claim"),
     path("worker/reads/<int:read_id>/complete", views.ReadCompleteView.as_view(), name="api-worker-read-complete"),
+    path("worker/computers/<int:computer_id>/gpus", views.GpuReadingsView.as_view(), name="api-worker-computer-gpus"),
     path("worker/claim", views.JobClaimView.as_view(), name="api-worker-claim"),
     path("worker/resume", views.JobResumeView.as_view(), name="api-worker-resume"),
     path("worker/jobs/<int:job_id>/heartbeat", views.JobHeartbeatView.as_view(), name="api-worker-job-heartbeat"),

@@ -14,7 +14,7 @@ from computers.choices import CHECK_ITEM_KEYS, CheckStatus, EntryKind, ItemStatu
 from jobs import outputs
 from jobs import services as job_services
 from jobs.choices import EndReason, JobStatus
-from jobs.serializers import LogChunkSerializer, MetricPointSerializer, worker_job_payload
+from jobs.serializers import LogChunkSerializer, MetricPointSerializer, worker_computer, worker_job_payload
 from mado.api.views import json_object
 from mado.choices import Scope
 from mado.validation import BIGINT_MAX, INT32_MAX, INT32_MIN, NAME_PATTERN
@@ -23,6 +23,7 @@ from workers.longpoll import wait_for
 from workers.models import Worker
 
 NO_STORE = {"Cache-Control": "no-store"}  # claim and resume answers carry job tokens
+GPU_WATCH = "gpu_watch"  # the capability of a worker that reads its computers' GPUs (worker_agent.gpu_watch)
 
 
 # Request bodies, for the OpenAPI schema (docs/worker-protocol.md). Validation stays in the services.
@@ -150,6 +151,26 @@ class OutputsSerializer(LeasedBodySerializer):
         help_text="The worker's MMT_WORKER_MAX_OUTPUT_FILES; the server applies it up to MADO_MAX_OUTPUT_FILES.")
 
 
+class OutsideProcessSerializer(serializers.Serializer):
+    pid = serializers.IntegerField(min_value=1, max_value=computer_services.MAX_PID)
+    user = serializers.CharField(max_length=computer_services.MAX_PROCESS_USER,
+                                 help_text="The process's owner on the computer (printable).")
+
+
+class GpuReadingSerializer(serializers.Serializer):
+    id = serializers.CharField(max_length=64, help_text="The GPU ID as registered on the computer.")
+    utilization = serializers.FloatField(min_value=0, max_value=100, allow_null=True, required=False,
+                                         help_text="Percent; null where the GPU cannot say.")
+    memory_used_mib = serializers.FloatField(min_value=0, allow_null=True, required=False)
+    memory_total_mib = serializers.FloatField(min_value=0, allow_null=True, required=False)
+    outside = OutsideProcessSerializer(many=True, required=False, max_length=computer_services.MAX_OUTSIDE_PROCESSES,
+                                       help_text="Processes on the GPU that belong to no Mado job.")
+
+
+class GpuReadingsSerializer(WorkerBodySerializer):
+    gpus = GpuReadingSerializer(many=True, max_length=computer_services.MAX_READING_GPUS)
+
+
 def lease_query() -> list[OpenApiParameter]:
     return [OpenApiParameter("worker_id", str, required=True, description="The worker's name."),
             OpenApiParameter("lease_id", OpenApiTypes.UUID, required=True, description="The lease from the claim.")]
@@ -186,8 +207,15 @@ class HelloView(WorkerView):
     @extend_schema(request=HelloSerializer, responses=OpenApiTypes.OBJECT)
     def post(self, request):
         worker = services.hello(request.auth, self.body())
-        return Response({"worker_id": worker.worker_id, "online": True, "server_time": worker.last_seen_at,
-                         "hello_interval_seconds": 60})
+        answer = {"worker_id": worker.worker_id, "online": True, "server_time": worker.last_seen_at,
+                  "hello_interval_seconds": 60}
+        if GPU_WATCH in (worker.capabilities or []):
+            # The computers whose GPUs it reads every MMT_WORKER_GPU_WATCH_SECONDS (docs/gpus.md "The GPU
+            # watch"); with each hello, so a computer added, disabled or changed is followed within a minute.
+            worker.account = request.auth.token.user
+            answer["gpu_watch"] = [dict(worker_computer(target), gpu_ids=[str(g) for g in target.gpu_ids])
+                                   for target in computer_services.served_for_gpu_watch(worker)]
+        return Response(answer)
 
 
 class GoodbyeView(WorkerView):
@@ -198,6 +226,17 @@ class GoodbyeView(WorkerView):
     def post(self, request):
         released = job_services.worker_stopping(self.worker())
         return Response({"worker_id": self.body().get("worker_id"), "online": False, "released_job_ids": released})
+
+
+class GpuReadingsView(WorkerView):
+    """What the worker's GPU watch read on a computer it serves (docs/gpus.md "The GPU watch"): each
+    registered GPU's utilisation and memory now and the processes outside Mado on it, for the GPU board."""
+
+    @extend_schema(request=GpuReadingsSerializer, responses=OpenApiTypes.OBJECT)
+    def post(self, request, computer_id):
+        worker = self.worker()
+        stored, ignored = computer_services.record_gpu_readings(worker, computer_id, self.body().get("gpus"))
+        return Response({"stored": stored, "ignored": ignored})
 
 
 class CheckClaimView(WorkerView):

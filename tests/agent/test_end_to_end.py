@@ -117,7 +117,7 @@ def test_a_started_worker_is_online_with_its_key_candidates(setup, sshd):
     row = wait_until(setup.online)
     assert row["version"] == "0.1.0" and row["hostname"] == os.uname().nodename
     assert row["parallel_jobs"] == 2 and row["target_ids"] is None
-    assert set(row["capabilities"]) == {"checks", "reads", "key_candidates", "jobs", "cluster_jobs"}
+    assert set(row["capabilities"]) == {"checks", "reads", "key_candidates", "jobs", "cluster_jobs", "gpu_watch"}
     assert str(sshd.key_path) in row["ssh_key_candidates"]
     assert str(sshd.known_hosts_path) in row["known_hosts_candidates"]
     assert worker.process.poll() is None
