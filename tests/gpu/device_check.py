@@ -55,9 +55,27 @@ def main() -> None:
                       {p["name"]: p["value"] for p in points})
             probe.kill()
             print(f"4 samples in {time.perf_counter() - started:.1f} s from one probe pid {probe.pid}")
+        watch(sample)
     finally:
         job.kill()
         job.wait()
+
+
+def watch(sample) -> None:
+    """The GPU watch (worker_agent.gpu_watch) with the job's process still on GPU 0: what the worker would
+    post to worker/computers/{id}/gpus, read through the long-lived probe and through NVML."""
+    ids = [g.index for g in sample.gpus] + ["99"]  # 99: registered, but not on this machine
+    probe = subprocess.Popen(gpu_remote.probe_command(sys.executable, 1), stdout=subprocess.PIPE)
+    try:
+        for step in range(2):
+            line = probe.stdout.readline()
+            print(f"watch probe {step}:", json.dumps(gpu_remote.watch_readings(gpu_remote.parse_line(line), ids)))
+    finally:
+        probe.kill()
+    from worker_agent.telemetry import GpuTelemetry, sample_all
+
+    nvml = sample_all(GpuTelemetry())
+    print("watch NVML:", json.dumps(gpu_remote.watch_readings(nvml, ids)) if nvml else "NVML not available")
 
 
 if __name__ == "__main__":
