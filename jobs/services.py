@@ -603,21 +603,83 @@ def append_logs(job: Job, chunks, *, streams=(Stream.STDOUT, Stream.STDERR)) -> 
             raise ServiceError(_("Each chunk is {stream: %(streams)s, offset: byte offset ≥ 0, data: text ≤ 1 MiB, "
                                  "replica?}.") % {"streams": "|".join(streams)}, "invalid",
                                fields={"chunks": [_("Invalid chunk.")]})
-        replica = chunk.get("replica") or MAIN_REPLICA
-        if replica not in names:
-            raise ServiceError(_("replica is one of this job's replicas: %(replicas)s.") % {"replicas": _some(names)},
-                               "invalid", fields={"chunks": [_("Unknown replica.")]})
+        replica = _log_replica(job, chunk.get("replica"), names)
         rows[(replica, chunk["stream"], offset)] = LogChunk(job=job, replica=replica, stream=chunk["stream"],
                                                             offset=offset, data=chunk["data"])
-    if not rows:
-        return 0
-    # Count what is new: bulk_create(ignore_conflicts=True) returns every object it was given.
-    present = set(LogChunk.objects.filter(job=job, replica__in={r for r, _, _ in rows},
-                                          stream__in={s for _, s, _ in rows}, offset__in={o for _, _, o in rows})
-                  .values_list("replica", "stream", "offset"))
-    new = [row for key, row in rows.items() if key not in present]
-    LogChunk.objects.bulk_create(new, ignore_conflicts=True)
-    return len(new)
+    return LogChunk.store_new(list(rows.values()))
+
+
+def _log_replica(job: Job, replica, names=None) -> str:
+    names = names if names is not None else job.replica_names
+    replica = replica or MAIN_REPLICA
+    if replica not in names:
+        raise ServiceError(_("replica is one of this job's replicas: %(replicas)s.") % {"replicas": _some(names)},
+                           "invalid", fields={"chunks": [_("Unknown replica.")]})
+    return replica
+
+
+# Log frames (worker/jobs/{id}/log-frames, docs/logs.md): the worker's bytes as they are, each frame an
+# ASCII header line `<stream> <offset> <length>\n` and then `length` bytes. No JSON on either side.
+MAX_LOG_FRAMES_BODY = 32 * 1024 * 1024  # the worker sends ≤ 16 MiB and a last chunk
+MAX_LOG_FRAMES = 1024
+LOG_FRAME_HEADER_MAX = 64
+_LOG_FRAME_HEADER = re.compile(rb"^(stdout|stderr) (0|[1-9][0-9]{0,18}) (0|[1-9][0-9]{0,8})\n$")
+
+
+def log_text(data: bytes) -> str:
+    """A log's bytes as stored text: invalid UTF-8 becomes U+FFFD, as the worker decoded chunks before
+    (LogChunk.text), and so does NUL, which PostgreSQL text cannot hold (a JSON chunk with a NUL is
+    refused whole; a framed one keeps every other byte)."""
+    text = data.decode("utf-8", "replace")
+    return text.replace("\x00", "\ufffd") if "\x00" in text else text
+
+
+def read_log_frames(readable, length) -> list[tuple[str, int, bytes]]:
+    """Parse a log-frames body of `length` bytes (the Content-Length) into (stream, offset, bytes); read
+    it all before any lock is taken. Refuses a body that is too large, malformed or cut short."""
+    try:
+        length = int(length)
+    except (TypeError, ValueError):
+        raise ServiceError(_("Send the log frames with a Content-Length."), "length_required", status=411) from None
+    if length > MAX_LOG_FRAMES_BODY:
+        raise ServiceError(_("A log-frames body is at most %(mib)d MiB; send the rest in another one.")
+                           % {"mib": MAX_LOG_FRAMES_BODY >> 20}, "too_large", status=413)
+    frames = []
+    left = length
+    while left > 0:
+        header = readable.readline(min(left, LOG_FRAME_HEADER_MAX))
+        match = _LOG_FRAME_HEADER.match(header)
+        if match is None or len(frames) >= MAX_LOG_FRAMES:
+            raise ServiceError(_("Each log frame is a line `stdout|stderr <offset> <length>` and then that many "
+                                 "bytes; at most %(n)d frames a request.") % {"n": MAX_LOG_FRAMES}, "invalid",
+                               fields={"frames": [_("Invalid frame.")]})
+        left -= len(header)
+        size = int(match[3])
+        if size > left:
+            raise ServiceError(_("A log frame is longer than the rest of the body."), "invalid",
+                               fields={"frames": [_("Cut short.")]})
+        data = readable.read(size)
+        if len(data) != size:
+            raise ServiceError(_("The body ended inside a log frame."), "invalid", fields={"frames": [_("Cut short.")]})
+        left -= size
+        offset = int(match[2])
+        if offset > BIGINT_MAX - size:
+            raise ServiceError(_("A log frame's offset is out of range."), "invalid",
+                               fields={"frames": [_("Offset out of range.")]})
+        frames.append((match[1].decode(), offset, data))
+    return frames
+
+
+def append_log_frames(job: Job, frames: list[tuple[str, int, bytes]], *, replica=None) -> int:
+    """Store frames from read_log_frames as chunks of the worker's stdout/stderr (one row each, in their
+    order, one INSERT); a frame resent at the same replica, stream and offset is ignored."""
+    replica = _log_replica(job, replica)
+    rows = {}
+    for stream, offset, data in frames:
+        if data:
+            rows.setdefault((stream, offset), LogChunk(job=job, replica=replica, stream=stream, offset=offset,
+                                                       data=log_text(data)))
+    return LogChunk.store_new(list(rows.values()))
 
 
 def add_metrics(job: Job, metrics) -> int:

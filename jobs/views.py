@@ -15,6 +15,7 @@ from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
 from django.db.models import Count, Max
+from django.db.models.functions import Right
 from django.http import FileResponse, Http404, HttpResponse, StreamingHttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.template.defaultfilters import filesizeformat
@@ -31,7 +32,7 @@ from jobs.charts import job_charts
 from computers.choices import Kind
 from jobs.choices import ACTIVE_STATUSES, MAIN_REPLICA, JobStatus
 from jobs.forms import JobForm, add_service_error
-from jobs.models import Job
+from jobs.models import Job, LogChunk
 from mado import access as identity
 from mado.choices import Role
 from mado.dialogs import dialog, dialog_done
@@ -41,6 +42,9 @@ from mado.validation import BIGINT_MAX, as_int
 
 LIST_PAGE = 50
 LOG_TAIL = 2000   # chunks shown when the page opens; the whole log is a download away
+# Characters shown when the page opens: a chunk holds up to 4 MiB (log-frames), so a count of chunks alone
+# could put gigabytes into one page.
+LOG_TAIL_CHARS = 1_000_000
 LOG_PAGE = 500    # chunks per poll, so a burst of output catches up in a few polls
 
 # Jobs list --------------------------------------------------------------------------------------
@@ -136,9 +140,7 @@ def _initial_from(query) -> dict:
 def job_detail(request, project, pk):
     job = _job(request, project, pk)
     replica = _replica(request, job)
-    tail = list(_log_chunks(job, replica).order_by("-id")[:LOG_TAIL + 1])
-    omitted = len(tail) > LOG_TAIL
-    chunks = list(reversed(tail[:LOG_TAIL]))
+    chunks, omitted = _log_tail(job, replica)
     blocks = page_blocks.render_blocks(request, job)
     context = {
         **_panels(request, job),
@@ -151,6 +153,24 @@ def job_detail(request, project, pk):
         "job_blocks": blocks.html,
     }
     return render(request, "jobs/job_detail.html", context)
+
+
+def _log_tail(job: Job, replica: str | None) -> tuple[list[LogChunk], bool]:
+    """The newest chunks, at most LOG_TAIL of them and LOG_TAIL_CHARS characters in all (the oldest one
+    shown keeps only its end), oldest first, and whether older output was left out. Only each chunk's
+    end is read from the database, and only until the page is full."""
+    rows = (_log_chunks(job, replica).order_by("-id").defer("data")
+            .annotate(tail=Right("data", LOG_TAIL_CHARS))[:LOG_TAIL + 1])
+    kept, room = [], LOG_TAIL_CHARS
+    for chunk in rows.iterator(chunk_size=16):
+        if len(kept) == LOG_TAIL or room <= 0:
+            return kept[::-1], True
+        chunk.data = chunk.tail[-room:]
+        kept.append(chunk)
+        room -= len(chunk.tail)
+        if room < 0 or len(chunk.tail) == LOG_TAIL_CHARS:  # its start was cut, here or by Right()
+            return kept[::-1], True
+    return kept[::-1], False
 
 
 def _metrics_panel(job: Job, blocks: page_blocks.RenderedBlocks) -> dict:

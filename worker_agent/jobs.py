@@ -59,7 +59,7 @@ import time
 from collections import deque
 from datetime import UTC, datetime
 
-from worker_agent import authorized_keys, dataset_transfer, gpu_remote, jobenv, replica_ssh
+from worker_agent import authorized_keys, dataset_transfer, gpu_remote, jobenv, log_delivery, replica_ssh
 from worker_agent.api import ApiClient, ApiError, ApiUnavailable, Backoff, FatalApiError
 from worker_agent.config import WorkerConfig
 from worker_agent.journal import JobJournal
@@ -76,7 +76,7 @@ from worker_agent.text import mask_tokens
 log = logging.getLogger("mado.worker.jobs")
 
 HEARTBEAT_SECONDS = 5.0
-LOG_BATCH_BYTES = 4 << 20  # per POST; chunks stay ≤ 256 KiB (the server takes ≤ 1 MiB each)
+LOG_BATCH_BYTES = 16 << 20  # per POST, merged into chunks of ≤ 4 MiB (log_delivery; JSON chunks stay ≤ 256 KiB)
 LOG_FLUSH_SECONDS = 0.2
 # Before a job runs, a target that cannot be reached for this long fails the job; once it runs, the
 # worker keeps trying (the job is alive there and the network may come back).
@@ -584,6 +584,8 @@ class JobRunner:
     def follow(self) -> dict:
         pending = self.record.get("pending") or []
         rechunker = Rechunker(pending) if pending else None
+        # The re-cut chunks must reach the server as they were cut (it may hold them): merging stops there.
+        self.log_cuts = log_delivery.cut_points(pending)
         if pending:
             log.info("job %s: %d log chunk(s) were in flight when the worker stopped; sending them again cut at the "
                      "same offsets", self.id, len(pending))
@@ -610,7 +612,9 @@ class JobRunner:
     def follow_once(self, remote: Remote, rechunker: Rechunker | None) -> dict | None:
         offsets = self.record["offsets"]
         follow = remote.follow(offsets["stdout"], offsets["stderr"])
-        items: queue.Queue = queue.Queue(maxsize=32)
+        # Room for a whole batch of follow chunks (≤ 256 KiB each) while the previous batch is posted,
+        # so reading the stream and posting overlap (log_delivery, docs/logs.md).
+        items: queue.Queue = queue.Queue(maxsize=max(32, 2 * LOG_BATCH_BYTES // (256 << 10)))
         closed = threading.Event()
 
         def put(item) -> None:
@@ -642,7 +646,7 @@ class JobRunner:
                     item = items.get(timeout=wait)
                 except queue.Empty:
                     if batch:
-                        self.post_logs(batch)
+                        self.post_logs(batch, started=first)
                         batch, size = [], 0
                     continue
                 if isinstance(item, LogChunk):
@@ -652,7 +656,7 @@ class JobRunner:
                         batch.append(chunk)
                         size += len(chunk.data)
                     if size >= LOG_BATCH_BYTES:
-                        self.post_logs(batch)
+                        self.post_logs(batch, behind=True, started=first)
                         batch, size = [], 0
                     continue
                 if isinstance(item, StateFrame):
@@ -661,11 +665,12 @@ class JobRunner:
                     if rechunker:
                         batch += rechunker.drain()
                     if batch:
-                        self.post_logs(batch)
+                        self.post_logs(batch, started=first)
+                    self.report_throughput(self.log_meter and self.log_meter.finish())
                     return item.state
                 # the stream ended or broke: deliver what arrived, then follow again from there
                 if batch:
-                    self.post_logs(batch)
+                    self.post_logs(batch, started=first)
                 if isinstance(item, Exception):
                     raise item if isinstance(item, TRANSIENT) else ConnectionError(str(item))
                 return None
@@ -674,21 +679,54 @@ class JobRunner:
             follow.close()
             thread.join(timeout=5)
 
-    def post_logs(self, batch: list[LogChunk]) -> None:
-        chunks = [chunk.as_api_chunk() for chunk in batch]
-        if self.replica_name:
-            chunks = [dict(chunk, replica=self.replica_name) for chunk in chunks]
+    # Whether the server takes log frames (worker/jobs/{id}/log-frames); False after it answered 404.
+    log_frames = True
+    log_meter: log_delivery.Throughput | None = None  # this job's MB/s line, made at its first post
+    log_cuts: frozenset = frozenset()  # (stream, offset) where a chunk in flight before a restart began or ended
+
+    def post_logs(self, batch: list[LogChunk], *, behind: bool = False, started: float | None = None) -> None:
+        """Deliver a batch, as frames of bytes (merged into chunks of up to 4 MiB) or, to a server without
+        that endpoint, as JSON chunks of at most 256 KiB. `behind`: the batch was cut for its size, so
+        more output is waiting (the MB/s line comes once the worker has caught up)."""
+        if self.log_frames:
+            batch = log_delivery.merge(batch, cuts=self.log_cuts)
+        # The boundaries of what is in flight: after a restart the Rechunker cuts the same chunks again.
         self.save(pending=[[c.stream, c.offset, len(c.data)] for c in batch], durable=False)
         try:
-            self.call(lambda: self.api.job_logs(self.id, self.config.worker_id, self.lease, chunks), "logs")
+            self.send_logs(batch)
         except LeaseRejected:
             raise
         except ApiError as exc:  # 422: the server refuses these chunks; they cannot get better by resending
-            log.error("job %s: the server refused %d log chunk(s): %s", self.id, len(chunks), exc)
+            log.error("job %s: the server refused %d log chunk(s): %s", self.id, len(batch), exc)
         offsets = dict(self.record["offsets"])
         for chunk in batch:
             offsets[chunk.stream] = max(offsets[chunk.stream], chunk.end)
         self.save(offsets=offsets, pending=[], durable=False)
+        if self.log_meter is None:
+            self.log_meter = log_delivery.Throughput()
+        self.report_throughput(self.log_meter.delivered(sum(len(c.data) for c in batch), behind=behind,
+                                                        started=started))
+
+    def send_logs(self, batch: list[LogChunk]) -> None:
+        if self.log_frames:
+            try:
+                self.call(lambda: log_delivery.post_frames(self.api, self.id, self.config.worker_id, self.lease, batch,
+                                                           replica=self.replica_name), "logs")
+                return
+            except log_delivery.NotServed:
+                log.info("job %s: the server takes no log frames; sending logs as JSON chunks", self.id)
+                self.log_frames = False
+        if any(len(c.data) > log_delivery.JSON_CHUNK_BYTES for c in batch):
+            batch = log_delivery.split(batch)  # the JSON endpoint takes ≤ 1 MiB a chunk
+            self.save(pending=[[c.stream, c.offset, len(c.data)] for c in batch], durable=False)
+        chunks = [c.as_api_chunk() for c in batch]
+        if self.replica_name:
+            chunks = [dict(chunk, replica=self.replica_name) for chunk in chunks]
+        self.call(lambda: self.api.job_logs(self.id, self.config.worker_id, self.lease, chunks), "logs")
+
+    def report_throughput(self, sentence: str | None) -> None:
+        if sentence:
+            log.info("job %s: %s", self.id, sentence)
 
     # -- the end -------------------------------------------------------------------------------
 

@@ -2,7 +2,7 @@
 of workers are in workers/api_urls.py, of datasets in datasets/api_urls.py."""
 from django.urls import path
 
-from worker_api import datasets, views
+from worker_api import datasets, logs, views
 
 WORKER_INPUT = "worker/jobs/<int:job_id>/datasets/<int:version>"
 
@@ -21,6 +21,7 @@ urlpatterns = [
     path("worker/jobs/<int:job_id>/logs", views.JobLogsView.as_view(), name="api-worker-job-logs"),
     path("worker/jobs/<int:job_id>/metrics", views.JobMetricsView.as_view(), name="api-worker-job-metrics"),
     path("worker/jobs/<int:job_id>/outputs", views.JobOutputsView.as_view(), name="api-worker-job-outputs"),
+    path("worker/jobs/<int:job_id>/log-frames", logs.JobLogFramesView.as_view(), name="api-worker-job-log-frames"),
     path("worker/jobs/<int:job_id>/artifacts-batch", views.JobArtifactBatchView.as_view(),
          name="api-worker-job-artifact-batch"),
     path("worker/jobs/<int:job_id>/artifacts/<path:path>", views.JobArtifactUploadView.as_view(),
