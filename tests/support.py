@@ -7,15 +7,16 @@ import time
 from contextlib import contextmanager
 
 
-def wait_for(predicate, timeout: float = 15.0, interval: float = 0.05, what: str = "condition"):
-    """Poll `predicate` until it returns something true; fail with `what` after `timeout` seconds."""
+def wait_for(predicate, timeout: float = 15.0, interval: float = 0.05, what="condition"):
+    """Poll `predicate` until it returns something true; fail with `what` after `timeout` seconds (a
+    callable `what` is asked then, to describe the state that the wait found)."""
     deadline = time.monotonic() + timeout
     while True:
         value = predicate()
         if value:
             return value
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+            raise AssertionError(f"timed out after {timeout} s waiting for {what() if callable(what) else what}")
         time.sleep(interval)
 
 

@@ -39,7 +39,7 @@ MAX_REASON = 450  # the heartbeat's `waiting` and the release's `reason` (jobs.s
 # after a sample whose nvidia-smi failed (that does not heal by itself); with one it says the error once
 # and goes on sampling the CPU and memory only.
 PROBE = r'''
-import json, os, pwd, shutil, subprocess, sys, time
+import json, os, pwd, select, shutil, subprocess, sys, time
 QUERY_GPU, QUERY_APPS, FORMAT = sys.argv[2], sys.argv[3], sys.argv[4]
 interval = float(sys.argv[1])
 want_gpus = len(sys.argv) <= 5 or sys.argv[5] == "gpus"
@@ -47,6 +47,8 @@ state_path = sys.argv[6] if len(sys.argv) > 6 else ""
 if state_path == "-":  # from stdin: the probe is the worker's, not one of the job's processes
     state_path = sys.stdin.readline().strip()
 PAGE = os.sysconf("SC_PAGE_SIZE")
+reader_gone = select.poll()
+reader_gone.register(sys.stdout.fileno(), select.POLLERR | select.POLLHUP)
 def group():
     try:
         return read_group()
@@ -136,13 +138,16 @@ while True:
     sys.stdout.flush()
     if interval <= 0 or (error is not None and not state_path):
         break
-    # Ends with the job: once its process group has gone, the probe goes too (looked at 5 times a second).
+    # Ends with the job: once its process group has gone, the probe goes too; and once the worker has
+    # closed its end of the stream (a hang-up on stdout), at once rather than at the next write. Both looked
+    # at 5 times a second.
     pgid = job_pgid() if state_path else 0
     until = time.time() + interval
     while time.time() < until:
         if pgid > 0 and not group_alive(pgid):
             sys.exit(0)
-        time.sleep(min(0.2, max(0.0, until - time.time())))
+        if reader_gone.poll(int(1000 * min(0.2, max(0.0, until - time.time())))):
+            sys.exit(0)
 '''
 
 

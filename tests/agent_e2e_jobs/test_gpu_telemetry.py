@@ -52,6 +52,15 @@ def probes() -> list[int]:
     return found
 
 
+def described(pids) -> list[str]:
+    """ps's view of lingering probes: parent, age, state, for a failure message."""
+    if not pids:
+        return []
+    ps = subprocess.run(["ps", "-o", "pid,ppid,pgid,etimes,stat,user,args", "-p", ",".join(map(str, pids))],
+                        capture_output=True, text=True)
+    return [line[:200] for line in ps.stdout.splitlines()]
+
+
 def gpu_metrics(job) -> list[tuple[str, float, int]]:
     return list(Metric.objects.filter(job_id=job.pk, name__startswith="system/gpu/")
                 .order_by("step", "name").values_list("name", "value", "step"))
@@ -208,4 +217,6 @@ def test_a_job_without_gpus_shows_charts_of_its_process_trees_cpu_and_memory(e2e
     stop.write_text("")
     e2e.wait_ended(job, timeout=90)
     e2e.assert_ended_once(job, "finished")
-    wait_until(lambda: not set(probes()) - earlier, timeout=30, what="the probe to end with the job")
+    wait_until(lambda: not set(probes()) - earlier, timeout=30,
+               what=lambda: f"the probe to end with the job: still running {described(set(probes()) - earlier)}; "
+                            f"worker: {e2e.worker_output()[-3000:]}")
