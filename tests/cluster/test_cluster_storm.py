@@ -19,7 +19,7 @@ from tests.storm import run_storm
 from workers.models import Worker
 
 WORKERS = 12
-JOBS = 300  # 12 workers racing for mixed ordinary and cluster jobs: contention, not volume
+JOBS = 150  # 12 workers racing for mixed ordinary and cluster jobs: contention, not volume
 GPUS = ("0", "1", "2", "3")
 
 CLUSTER_HOLDINGS = """

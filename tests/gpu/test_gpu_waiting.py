@@ -30,10 +30,15 @@ def test_the_reason_a_claimed_job_waits_is_on_its_page_once_per_reason(world, jo
     japanese = member.get(f"/projects/lab/jobs/{item['id']}/", HTTP_ACCEPT_LANGUAGE="ja").content.decode()
     assert '<span class="event-text">GPUの空きを待っています</span>' in japanese and REASON in japanese
 
+    # Control characters (a terminal's escape codes in a user name) are not written to the timeline.
+    assert job_worker.leased(item, "heartbeat", waiting="GPU 1 is in use by \x1b[31mmallory\x1b[0m\r").status_code == 200
+    last = JobEvent.objects.filter(job_id=item["id"], kind="waiting").order_by("-id").first().message
+    assert last == "Waiting for its GPUs: GPU 1 is in use by [31mmallory[0m"
+
     # Started: a late reason is not written any more.
     assert job_worker.heartbeat(item, status="running").status_code == 200
     assert job_worker.leased(item, "heartbeat", waiting="GPU 0 is in use").status_code == 200
-    assert JobEvent.objects.filter(job_id=item["id"], kind="waiting").count() == 1
+    assert JobEvent.objects.filter(job_id=item["id"], kind="waiting").count() == 2
 
 
 @pytest.mark.django_db

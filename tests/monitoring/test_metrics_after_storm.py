@@ -24,7 +24,7 @@ from tests.storm import run_storm
 from workers.models import ONLINE_WINDOW, Worker
 
 WORKERS = 6
-JOBS = 300
+JOBS = 150
 GPUS = ("0", "1", "2", "3")
 # How long before the storm each job was created: the dispatch latencies spread over the buckets.
 AGES = (0, 2, 20, 200, 2000, 20000, 200000)
