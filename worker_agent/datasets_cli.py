@@ -21,6 +21,7 @@ from urllib.parse import quote
 
 import click
 import requests
+import urllib3
 
 from worker_agent.cli_client import TIMEOUT, Api, api_client, token_project
 from worker_agent.dataset_transfer import tar_header
@@ -37,7 +38,7 @@ RESUME_HINT = "Run the same command again to resume: the server keeps what it al
 
 @click.group()
 def datasets() -> None:
-    """Upload directories as dataset versions."""
+    """Upload directories as dataset versions, download versions into directories."""
 
 
 @datasets.command("upload")
@@ -65,6 +66,116 @@ def upload(ctx: click.Context, name: str, directory: Path, project: str | None, 
         click.echo(f"{dataset['name']} v{version['number']} already holds exactly these files; nothing uploaded.",
                    err=True)
     click.echo(version["id"])
+
+
+@datasets.command("download")
+@click.argument("name")
+@click.argument("directory", type=click.Path(file_okay=False, path_type=Path))
+@click.option("--version", "number", type=click.IntRange(min=1),
+              help="The version number. [default: the newest complete version]")
+@click.option("--project", help="The project identifier. [default: your token's project]")
+@click.pass_context
+def download(ctx: click.Context, name: str, directory: Path, number: int | None, project: str | None) -> None:
+    """Download a version of dataset NAME into DIRECTORY as one stream, every file checked against the
+    version's sha256. Files already in DIRECTORY with the right bytes are kept: run the same command
+    again after an interruption and only the rest comes."""
+    api = api_client(ctx)  # its connections close when the command ends (api_client says so)
+    project = project or token_project(api)
+    base = f"/api/projects/{quote(project)}/datasets/{quote(name, safe='')}/versions"
+    complete = [v for v in api.call("GET", base)["items"] if v["status"] == "complete"]
+    version = next((v for v in complete if number is None or v["number"] == number), None)
+    if version is None:
+        which = f"version {number}" if number else "a complete version"
+        raise click.ClickException(f"Dataset {name} has no {which} (complete: "
+                                   f"{', '.join(str(v['number']) for v in complete) or 'none'}). "
+                                   "Choose one with --version.")
+    manifest = api.call("GET", f"{base}/{version['id']}/manifest")["items"]
+    places = {item["path"]: _place(directory, item["path"]) for item in manifest}
+    missing = [item for item in manifest if not _holds(places[item["path"]], item)]
+    if missing:
+        archive = f"{base}/{version['id']}/archive"
+        with Progress(sum(item["size"] for item in missing), "Downloading") as bar:
+            _receive(api, archive, missing, places, bar, whole=len(missing) == len(manifest))
+    click.echo(f"{version['dataset']['name']} v{version['number']}: {len(manifest)} files in {directory} "
+               f"({len(manifest) - len(missing)} already there), each checked against its sha256.", err=True)
+    click.echo(str(directory))
+
+
+def _place(directory: Path, path: str) -> Path:
+    """Where a manifest path goes under DIRECTORY; never outside it."""
+    parts = path.split("/")
+    if path.startswith("/") or any(part in ("", ".", "..") for part in parts) or _UNSAFE.search(path):
+        raise click.ClickException(f"The version names a file {path!r} that cannot be written under {directory}.")
+    return directory.joinpath(*parts)
+
+
+def _holds(place: Path, item: dict) -> bool:
+    try:
+        if not place.is_file() or place.stat().st_size != item["size"]:
+            return False
+        digest = hashlib.sha256()
+        with open(place, "rb") as handle:
+            for block in iter(lambda: handle.read(HASH_CHUNK), b""):
+                digest.update(block)
+        return digest.hexdigest() == item["sha256"]
+    except OSError:
+        return False
+
+
+def _receive(api: Api, url: str, expected: list[dict], places: dict[str, Path], bar: Progress, *, whole: bool) -> None:
+    """The archive of `expected` (the whole version: GET; some files: POST {files}) into place, member by
+    member: each must be the next expected file with its size and sha256, written aside and moved into
+    place only when it matches."""
+    try:
+        if whole:
+            response = api.session.get(api.url + url, stream=True, timeout=TIMEOUT, allow_redirects=False)
+        else:
+            response = api.session.post(api.url + url, json={"files": [item["path"] for item in expected]},
+                                        stream=True, timeout=TIMEOUT, allow_redirects=False)
+    except requests.RequestException as error:
+        raise click.ClickException(f"Cannot reach the Mado server at {api.url} ({type(error).__name__}). "
+                                   "Check MMT_API_URL and your network.") from None
+    with response:
+        if response.status_code >= 400:
+            raise click.ClickException(api._explain(response))
+        response.raw.decode_content = True
+        done = 0
+        try:
+            with tarfile.open(fileobj=response.raw, mode="r|") as archive:
+                for member in archive:
+                    if done == len(expected):
+                        break
+                    _take(archive, member, expected[done], places[expected[done]["path"]], bar)
+                    done += 1
+        except (tarfile.TarError, requests.RequestException, urllib3.exceptions.HTTPError, OSError) as error:
+            raise click.ClickException(f"The download broke off after {done} of {len(expected)} files "
+                                       f"({type(error).__name__}). Run the same command again: the files "
+                                       "already checked are kept.") from None
+    if done < len(expected):
+        raise click.ClickException(f"The download ended after {done} of {len(expected)} files. Run the same "
+                                   "command again: the files already checked are kept.")
+
+
+def _take(archive: tarfile.TarFile, member: tarfile.TarInfo, item: dict, place: Path, bar: Progress) -> None:
+    if member.name != item["path"] or not member.isfile() or member.size != item["size"]:
+        raise click.ClickException(f"The server sent {member.name!r} where {item['path']!r} ({item['size']} bytes) "
+                                   "was next; nothing of it was kept. Run the command again.")
+    place.parent.mkdir(parents=True, exist_ok=True)
+    part = place.with_name(place.name + ".part")
+    digest = hashlib.sha256()
+    source = archive.extractfile(member)
+    try:
+        with open(part, "wb") as out:
+            for block in iter(lambda: source.read(HASH_CHUNK), b""):
+                digest.update(block)
+                out.write(block)
+                bar.add(len(block))
+        if digest.hexdigest() != item["sha256"]:
+            raise click.ClickException(f"{item['path']} arrived with other bytes than the version holds (sha256 "
+                                       "mismatch); nothing of it was kept. Run the command again.")
+        os.replace(part, place)
+    finally:
+        part.unlink(missing_ok=True)  # a file cut off or wrong is never left half-written
 
 
 def _scan(directory: Path) -> dict[str, Path]:
