@@ -42,6 +42,7 @@ from computers.models import (
 from mado.errors import Conflict, Forbidden, ServiceError
 from mado.services import SYSTEM, Actor, audit
 from mado.validation import NAME_PATTERN, as_int, int_field, text_problem
+from workers import services as worker_services
 from workers.longpoll import notify
 
 GPU_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9-]{0,63}$")
@@ -359,7 +360,7 @@ def claim_check(worker) -> ConnectionCheck | None:
     with transaction.atomic():
         # Serialise one worker's duplicate claims: the second sees the check the first took.
         current = type(worker).objects.select_for_update().filter(pk=worker.pk).first()
-        if current is None or current.stopped_at is not None:
+        if current is None or worker_services.stopped_meanwhile(worker, current.stopped_at):
             return None  # a stopping worker takes nothing new
         held = ConnectionCheck.objects.filter(status=CheckStatus.CLAIMED, claimed_by=worker).select_related("target")
         if (check := held.first()) is not None:
@@ -590,6 +591,9 @@ def request_read(actor: Actor, target: ComputeTarget, worker, path: str) -> Dire
 
 
 def claim_read(worker) -> DirectoryRead | None:
+    stopped = type(worker).objects.filter(pk=worker.pk).values_list("stopped_at", flat=True).first()
+    if worker_services.stopped_meanwhile(worker, stopped):
+        return None  # a stopping worker reads nothing new
     with transaction.atomic():
         held = DirectoryRead.objects.filter(status=ReadStatus.CLAIMED, requested_worker=worker).first()
         if held is not None:

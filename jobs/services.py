@@ -42,6 +42,7 @@ from mado.choices import Role
 from mado.errors import Conflict, Forbidden, ServiceError
 from mado.services import SYSTEM, Actor, audit
 from mado.validation import BIGINT_MAX, INT32_MAX, INT32_MIN, as_int
+from workers import services as worker_services
 from workers.longpoll import notify
 from workers.models import Worker
 
@@ -260,8 +261,8 @@ def claim_job(worker: Worker, active_job_ids: list[int]) -> tuple[Job, str | Non
     with transaction.atomic():
         # Serialise duplicate requests of one worker: a replayed claim sees the first one's result.
         stopped = Worker.objects.select_for_update().filter(pk=worker.pk).values_list("stopped_at", flat=True)
-        if not stopped or stopped[0] is not None:
-            return None  # it said goodbye while this long-poll waited: hand it nothing
+        if not stopped or worker_services.stopped_meanwhile(worker, stopped[0]):
+            return None  # it said goodbye: hand it nothing
         recovered = _recover_unacknowledged(worker, active_job_ids)
         if recovered is not None:
             return recovered

@@ -110,3 +110,33 @@ def test_waiting_claims_share_one_listener_hold_no_connection_and_a_new_job_wake
     assert woken and all(worker_id.startswith("lab-") for worker_id in woken), \
         f"the job woke only lab's workers: {woken}"
     assert all(worker_id.startswith("lab-") for worker_id in woken_by_end), woken_by_end
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_worker_saying_goodbye_ends_its_open_long_polls_at_once(world, monkeypatch):
+    """What a SIGTERM'd worker leaves on the server: its claim, check and read long-polls end when it says
+    goodbye, with the reason, instead of holding a server thread until their wait is over."""
+    monkeypatch.setattr(longpoll, "LISTENING_RECHECK_SECONDS", 60.0)  # only the goodbye's wake-up ends them
+    worker = JobWorker(world.worker_token, "leaving")
+    worker.hello()
+    answers = {}
+
+    def long_poll(kind):
+        answers[kind] = worker.post(f"/api/worker/{kind}", {"wait": 30}).json()
+        connection.close()
+
+    threads = [threading.Thread(target=long_poll, args=(kind,)) for kind in ("claim", "checks/claim", "reads/claim")]
+    for thread in threads:
+        thread.start()
+    wait_for(lambda: parked_claims() and longpoll.hub().parked("mado_checks")[0]
+             and longpoll.hub().parked("mado_reads")[0], timeout=20, what="the three long-polls parked")
+    assert worker.post("/api/worker/goodbye", {}).status_code == 200
+    for thread in threads:
+        thread.join(20)
+    assert answers == {kind: {"item": None, "reason": "worker_stopped"} for kind in ("claim", "checks/claim",
+                                                                                     "reads/claim")}
+
+    # Already stopped when it asks: answered after its wait as before (a client claiming on does not spin).
+    assert worker.post("/api/worker/claim", {"wait": 0}).json() == {"item": None}
+    worker.hello()
+    assert worker.post("/api/worker/claim", {"wait": 0}).json() == {"item": None}, "back after its hello"

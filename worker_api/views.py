@@ -19,7 +19,7 @@ from mado.api.views import json_object
 from mado.choices import Scope
 from mado.validation import BIGINT_MAX, INT32_MAX, INT32_MIN, NAME_PATTERN
 from workers import services
-from workers.longpoll import wait_for
+from workers.longpoll import notify, wait_for
 from workers.models import Worker
 
 NO_STORE = {"Cache-Control": "no-store"}  # claim and resume answers carry job tokens
@@ -224,7 +224,12 @@ class GoodbyeView(WorkerView):
 
     @extend_schema(request=WorkerBodySerializer, responses=OpenApiTypes.OBJECT)
     def post(self, request):
-        released = job_services.worker_stopping(self.worker())
+        worker = self.worker()
+        released = job_services.worker_stopping(worker)
+        # Its long-polls still open end now (WorkerStopped), freeing their threads: wake them.
+        notify(job_services.JOBS_CHANNEL, topic=str(worker.project_id))
+        notify(computer_services.CHECKS_CHANNEL)
+        notify(computer_services.READS_CHANNEL)
         return Response({"worker_id": self.body().get("worker_id"), "online": False, "released_job_ids": released})
 
 
@@ -243,8 +248,11 @@ class CheckClaimView(WorkerView):
     @extend_schema(request=WaitBodySerializer, responses=OpenApiTypes.OBJECT)
     def post(self, request):
         worker = self.worker()
-        check = wait_for(lambda: computer_services.claim_check(worker), self.wait_seconds(),
-                         computer_services.CHECKS_CHANNEL)
+        try:
+            check = wait_for(lambda: computer_services.claim_check(worker), self.wait_seconds(),
+                             computer_services.CHECKS_CHANNEL)
+        except services.WorkerStopped as stopped:
+            return Response({"item": None, "reason": stopped.reason})
         if check is None:
             return Response({"item": None})
         target = check.target
@@ -271,8 +279,11 @@ class ReadClaimView(WorkerView):
     @extend_schema(request=WaitBodySerializer, responses=OpenApiTypes.OBJECT)
     def post(self, request):
         worker = self.worker()
-        read = wait_for(lambda: computer_services.claim_read(worker), self.wait_seconds(),
-                        computer_services.READS_CHANNEL)
+        try:
+            read = wait_for(lambda: computer_services.claim_read(worker), self.wait_seconds(),
+                            computer_services.READS_CHANNEL)
+        except services.WorkerStopped as stopped:
+            return Response({"item": None, "reason": stopped.reason})
         if read is None:
             return Response({"item": None})
         return Response({"item": {"id": read.pk, "lease_id": str(read.lease_id), "path": read.path,
@@ -311,6 +322,8 @@ class JobClaimView(WorkerView):
             # A wake-up, not a conflict: the worker has room again and claims at once.
             return Response({"item": None, "reason": wake.reason, "ended_job_ids": wake.job_ids},
                             headers=NO_STORE)
+        except services.WorkerStopped as stopped:
+            return Response({"item": None, "reason": stopped.reason}, headers=NO_STORE)
         if claimed is None:
             return Response({"item": None}, headers=NO_STORE)
         job, token = claimed

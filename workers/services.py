@@ -17,6 +17,25 @@ MAX_CANDIDATES = 50
 TOUCH_RESOLUTION = timedelta(seconds=15)
 
 
+class WorkerStopped(Exception):
+    """A claim of a worker that said goodbye while its long-poll waited (worker/goodbye): the long-poll
+    ends now with nothing, rather than holding the server's thread until its wait is over. A worker already
+    stopped when its request came is answered as before, after the wait: a client that claims on without a
+    hello does not spin."""
+
+    reason = "worker_stopped"
+
+
+def stopped_meanwhile(worker: Worker, stopped_now) -> bool:
+    """Whether `worker` (as the request found it) said goodbye since: `stopped_now` is its stopped_at as
+    read under the claim's lock. Raises WorkerStopped then; False when it is not stopped."""
+    if stopped_now is None:
+        return False
+    if worker.stopped_at is None:
+        raise WorkerStopped()
+    return True
+
+
 def validate_worker_id(worker_id) -> str:
     if not isinstance(worker_id, str) or not NAME_PATTERN.match(worker_id):
         raise ServiceError(
