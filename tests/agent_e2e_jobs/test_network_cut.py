@@ -1,12 +1,11 @@
 """The computer in its own network namespace (a veth pair to this host, an sshd listening inside), and
-the link cut for 30 s (`ip link set … down`) while a job runs: the job runs on, the worker notices the
-stalled stream, reconnects once the link is back, and delivers the rest of the logs and the completion.
-Nothing is started twice."""
+the link cut (`ip link set … down`) while a job runs until the worker has noticed the stalled stream (15 s
+without a keepalive): the job runs on meanwhile, the worker reconnects once the link is back, and delivers the
+rest of the logs and the completion. Nothing is started twice."""
 from __future__ import annotations
 
 import random
 import subprocess
-import time
 import uuid
 
 import pytest
@@ -16,8 +15,6 @@ from tests.support import processes_under
 from tests.agent_e2e_jobs.test_faults import assert_complete_logs, kill_sshd, pid_alive
 from tests.peers.sshd import SSHD, start_sshd
 from worker_agent import supervisor
-
-CUT_SECONDS = 30
 
 
 def ip(*args) -> None:
@@ -68,18 +65,17 @@ def sshd():
         subprocess.run(["ip", "netns", "del", namespace], capture_output=True, check=False)
 
 
-def test_the_network_to_the_target_cut_for_30_seconds_the_job_runs_on_and_the_worker_reconnects(e2e):
+def test_the_network_to_the_target_cut_the_job_runs_on_and_the_worker_reconnects(e2e):
     worker = e2e.start_worker()
     job = e2e.counter_job("netcut", lines=1200, pause=0.02)
     e2e.wait_log(job, "line 000050", timeout=60)
     ip("link", "set", e2e.sshd.link, "down")
-    cut = time.monotonic()
     try:
         pid = int(e2e.starts("netcut")[0])
-        time.sleep(CUT_SECONDS / 2)
+        wait_until(lambda: "log stream interrupted" in worker.output(), timeout=60,
+                   what=lambda: f"the worker to notice the stalled stream: {worker.output()[-3000:]}")
         assert pid_alive(pid), "the job runs on while its computer is unreachable"
         assert e2e.job(job).status == "running"
-        time.sleep(CUT_SECONDS - (time.monotonic() - cut))
     finally:
         ip("link", "set", e2e.sshd.link, "up")
     e2e.wait_ended(job, timeout=90)
