@@ -35,7 +35,8 @@ TAG_PREFIX = "mado-job-"
 # The comment that ends every line of ours: the job's id and the worker that authorized it.
 TAG = re.compile(rb"(?:^|[ \t])mado-job-(\d+)@([A-Za-z0-9][A-Za-z0-9._-]{0,63})[ \t]*\r?$")
 EXPIRY = re.compile(rb'^expiry-time="(\d{12})"')
-OPTIONS = "no-agent-forwarding,no-X11-forwarding"
+# No forwarding of any kind: the key starts commands between replicas (mpirun, pdsh), nothing else.
+OPTIONS = "no-agent-forwarding,no-X11-forwarding,no-port-forwarding"
 LOCK_NAME = ".mado-authorized_keys.lock"
 EXPIRY_SINCE = (8, 2)  # OpenSSH's expiry-time= option
 

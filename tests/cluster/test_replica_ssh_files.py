@@ -39,7 +39,7 @@ class TestRewrite:
             # A last line without an end of line stays last: ours goes in front of the first.
             assert new == (line + theirs if theirs == THEIRS else theirs + line) and removed == 0
             assert authorized_keys.rewrite(new, remove=[TAG]) == (theirs, 1)
-        assert line.startswith(b'expiry-time="202701011200",no-agent-forwarding,no-X11-forwarding ssh-ed25519 ')
+        assert line.startswith(b'expiry-time="202701011200",no-agent-forwarding,no-X11-forwarding,no-port-forwarding ssh-ed25519 ')
         assert line.endswith(b" " + TAG.encode() + b"\n")
 
     def test_adding_again_replaces_the_jobs_line_and_removing_leaves_the_file_as_it_was(self):
