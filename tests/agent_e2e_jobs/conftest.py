@@ -128,13 +128,19 @@ class E2E:
         os.chown(path, self.uid, self.gid)
         return path
 
-    def counter_job(self, mark: str, lines: int, pause: float, **data) -> Job:
-        """A job printing `lines` numbered lines, one every `pause` seconds (and one stderr line in 50)."""
+    def counter_job(self, mark: str, lines: int, pause: float, hold_at: int | None = None, **data) -> Job:
+        """A job printing `lines` numbered lines, one every `pause` seconds (and one stderr line in 50);
+        with `hold_at`, it waits before that line until `release(mark)`."""
         script = self.working_dir / "counter.py"
         if not script.exists():
             self.script("counter.py", COUNTER)
+        hold = {"HOLD_AT": str(hold_at), "HOLD_FILE": str(self.working_dir / f"{mark}.go")} if hold_at else {}
         return self.create_job(command=["python", str(script), str(lines), str(pause)],
-                               env={"MARKS": str(self.marks), "MARK": mark}, **data)
+                               env={"MARKS": str(self.marks), "MARK": mark, **hold}, **data)
+
+    def release(self, mark: str) -> None:
+        """Lets a counter job held with `hold_at` go on."""
+        (self.working_dir / f"{mark}.go").write_text("")
 
     def create_job(self, **data) -> Job:
         body = {"computer": self.computer.pk, "runtime": "python", **data}
@@ -290,7 +296,12 @@ import os, sys, time
 with open(os.path.join(os.environ["MARKS"], os.environ["MARK"]), "a") as f:
     f.write(f"{os.getpid()}\\n")
 lines, pause = int(sys.argv[1]), float(sys.argv[2])
+hold_at, hold_file = int(os.environ.get("HOLD_AT") or -1), os.environ.get("HOLD_FILE", "")
 for i in range(lines):
+    if i == hold_at:
+        sys.stdout.flush()
+        while not os.path.exists(hold_file):
+            time.sleep(0.05)
     print(f"line {i:06d}")
     if i % 50 == 0:
         print(f"err {i:06d}", file=sys.stderr)

@@ -17,6 +17,7 @@ from tests.agent_e2e_jobs.conftest import WORKER, FlakyPort, counter_errors, cou
 from tests.support import processes_under
 from tests.peers.sshd import SSHD, start_sshd
 from worker_agent import supervisor
+from workers import longpoll
 
 
 def pid_alive(pid: int) -> bool:
@@ -135,8 +136,15 @@ def test_sshd_killed_and_started_again_mid_job_the_job_runs_on_and_the_worker_re
     e2e.wait_log(job, "line 000200", timeout=60)
     kill_sshd(e2e.sshd)
     pid = int(e2e.starts("sshd")[0])
-    time.sleep(3)
-    assert pid_alive(pid), "the job keeps running while its target's sshd is gone"
+    # The worker's stream broke only once the sshd holding the job's session was gone (its socket closed
+    # with it); the job prints on after that: it outlived its target's sshd.
+    wait_until(lambda: f"job {job.pk}: log stream interrupted" in worker.output(), timeout=30,
+               what=lambda: f"the worker to lose its log stream with the sshd: {worker.output()[-2000:]}")
+    stdout_log = os.path.join(supervisor.workspace(str(e2e.working_dir), job.pk), "stdout.log")
+    printed = os.path.getsize(stdout_log)
+    wait_until(lambda: os.path.getsize(stdout_log) > printed and pid_alive(pid), timeout=30,
+               what=lambda: f"the job to print on while its target's sshd is gone (pid {pid} alive: "
+                            f"{pid_alive(pid)}, stdout.log {os.path.getsize(stdout_log)} bytes, {printed} before)")
     restart_sshd(e2e.sshd)
     e2e.wait_ended(job, timeout=60)
     job = e2e.assert_ended_once(job, "finished")
@@ -150,12 +158,23 @@ def test_the_api_server_gone_mid_job_logs_and_completion_arrive_after_it_returns
     port = FlakyPort(e2e.live_server.thread.port)
     try:
         worker = e2e.start_worker(url=port.url)
-        job = e2e.counter_job("api", lines=300, pause=0.01, gpu_ids=["0"])
+        # Held after line 30 until the server is gone: on a busy machine the job would otherwise end, and
+        # the worker report it, before line 30 had even reached the server.
+        job = e2e.counter_job("api", lines=300, pause=0.01, gpu_ids=["0"], hold_at=31)
         e2e.wait_log(job, "line 000030", timeout=60)
         port.down()
+        down = len(worker.output())
+        e2e.release("api")
         stdout_log = os.path.join(supervisor.workspace(str(e2e.working_dir), job.pk), "stdout.log")
         wait_until(lambda: open(stdout_log).read().endswith("done\n"), timeout=30, what="the job to end on its target")
-        time.sleep(2)
+        # The server stays gone until a heartbeat has failed (one every 5 s, retried once) and the worker has
+        # failed to get through once more after the job's end (its logs or a heartbeat).
+        ended = len(worker.output())
+        beat = f"retrying POST worker/jobs/{job.pk}/heartbeat"
+        tries = (f"job {job.pk}: logs not delivered yet", beat)
+        wait_until(lambda: beat in (out := worker.output())[down:] and any(t in out[ended:] for t in tries),
+                   timeout=30, what=lambda: f"a failed heartbeat and a failed try after the job's end: "
+                                            f"{worker.output()[down:][-3000:]!r}")
         assert e2e.job(job).status == "running", "nothing could reach the server meanwhile"
         port.up()
         e2e.wait_ended(job, timeout=60)
@@ -206,7 +225,8 @@ def test_a_claim_whose_answer_was_lost_is_recovered_by_resume_and_never_sent_aga
     try:
         worker = e2e.start_worker(url=port.url)
         wait_until(lambda: "worker lab-worker-1 0.1.0 started" in worker.output(), timeout=30, what="the worker")
-        time.sleep(1.0)  # its job claim is waiting in a long-poll now
+        wait_until(lambda: longpoll.hub().parked("mado_jobs")[0], timeout=30,
+                   what="the worker's job claim to wait in its long-poll")
         port.swallow_answers = True
         job = e2e.counter_job("lost-claim", lines=50, pause=0.001)
         wait_until(lambda: e2e.job(job).status == "claimed", timeout=30, what="the server to hand the job out")

@@ -20,7 +20,9 @@ from sites.models import LauncherKey, SiteCheck, Submission
 from tests.peers.sshd import free_port
 from tests.site_agent.conftest import authorize
 from tests.site_agent.site_world import FAILING, launcher_for, make_site, queue, registered, server  # noqa: F401
+from tests.support import database_now, other_sessions, wait_for
 from worker_agent.site.launcher import SiteApi
+from workers import longpoll
 
 
 def ready_launcher(server, registered, world, sshd, remote_dir, tmp_path, **site_overrides):
@@ -204,16 +206,26 @@ def test_run_once_as_a_command_submits_and_logs_no_token_or_key(server, register
     assert private.splitlines()[1] not in out + err and "PRIVATE KEY" not in out + err
 
 
+def idle_config_polls() -> int:
+    """Launcher config polls asleep in the live server's long-poll (it runs in this process)."""
+    return longpoll.hub().parked(submissions.SITES_CHANNEL)[0]
+
+
 def test_sigterm_ends_the_long_poll_at_once(server, registered, world, tmp_path):
+    since = database_now()
     process = launcher_process(server, registered[1], tmp_path, "--long-poll", "8")
-    time.sleep(3)  # started and waiting on an idle config poll
+    wait_for(idle_config_polls, timeout=60,
+             what=lambda: f"the launcher's idle config poll to park (exit code {process.poll()})")
     started = time.monotonic()
     process.send_signal(signal.SIGTERM)
     out, err = process.communicate(timeout=20)
     assert process.returncode == 0, err
     assert time.monotonic() - started < 3
     assert "SIGTERM: stopping after the current step" in err
-    time.sleep(6)  # the server ends the abandoned poll before the test database goes
+    # The server holds the abandoned poll until its 8 s are over, then answers no one: its request thread's
+    # database session and the long-poll listener's must be gone before the test database is flushed.
+    wait_for(lambda: not idle_config_polls() and not other_sessions(since), timeout=30, interval=0.1,
+             what=lambda: f"the abandoned poll to end: {idle_config_polls()} parked, sessions {other_sessions(since)}")
 
 
 def test_a_revoked_launcher_token_stops_the_launcher_with_what_to_do(server, registered, world, tmp_path):

@@ -9,7 +9,6 @@ import signal
 import stat
 import subprocess
 import sys
-import time
 
 import pytest
 from click.testing import CliRunner
@@ -19,6 +18,7 @@ from sites import submissions
 from tests.conftest import bearer
 from tests.peers.sshd import free_port
 from tests.site_agent.site_world import FAILING, make_site, queue, registered, server  # noqa: F401
+from tests.support import wait_for
 from worker_agent.researcher import main
 from worker_agent.site.launcher import PendingReports
 from worker_agent.site.submit import state_dir
@@ -138,21 +138,31 @@ def test_a_report_kept_from_an_earlier_run_is_sent_first(manual_site, world, ser
     assert pending.files() == []
 
 
-def test_watch_stops_with_130_on_ctrl_c(manual_site, world, server, tmp_path, isolated_home):
+def test_watch_stops_with_130_on_ctrl_c(manual_site, world, server, tmp_path, isolated_home, monkeypatch):
     target = manual_site()
+    claims = []  # the Jobs each of the watch's claims got, noted as the live server (this process) answers it
+    real_claim = submissions.manual_claim
+
+    def noting(*args, **kwargs):
+        items = real_claim(*args, **kwargs)
+        claims.append(len(items))
+        return items
+
+    monkeypatch.setattr(submissions, "manual_claim", noting)
     env = {**{k: v for k, v in os.environ.items() if not k.startswith("MMT_")}, "MMT_API_URL": server,
            "MMT_API_TOKEN": world.member_token(world.project_admin), "HOME": str(isolated_home)}
     process = subprocess.Popen([sys.executable, "-c", "from worker_agent.researcher import main; main()", "submit",
                                 "--site", str(target.pk), "--watch", "--interval", "1"], env=env,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    time.sleep(3)
+    # A round that found nothing has been answered: the Job queued now is found by a later round of the watch.
+    wait_for(lambda: claims, timeout=60, what=lambda: f"the watch's first claim (exit code {process.poll()})")
     job, = queue(target, world.project_admin, world.project, status="waiting_manual", name="later")
-    deadline = time.monotonic() + 20
-    while Job.objects.get(pk=job.pk).status == "waiting_manual" and time.monotonic() < deadline:
-        time.sleep(0.2)
+    wait_for(lambda: Job.objects.get(pk=job.pk).status != "waiting_manual", timeout=20, interval=0.1,
+             what=lambda: f"a later round to claim Job {job.pk} (claims so far: {claims})")
     process.send_signal(signal.SIGINT)
     out, err = process.communicate(timeout=20)
     assert process.returncode == 130, err
     assert f"Job {job.pk}: submitted as scheduler job 77{job.pk}." in out
+    assert claims[0] == 0 and 1 in claims, f"a later round than the first claimed the Job: {claims}"
     assert "finishing this round" in err
     assert json.dumps(env["MMT_API_TOKEN"])[1:-1] not in out + err

@@ -260,12 +260,42 @@ def test_bad_spec_directory_exits_2_with_what_to_fix(tmp_path):
     assert usage.returncode == 2 and "usage: mado-tracking runner SPEC_DIR" in usage.stderr
 
 
+class NotedCut(FlakyProxy):
+    """A FlakyProxy that notes what its cut did: the request lines it answered 503 and the connections it
+    dropped, so that a test ends each part of the cut once the runner has met it."""
+
+    def __init__(self, url: str):
+        self.answered_503: list[str] = []
+        self.dropped: list[int] = []
+        super().__init__(url)
+
+    def _serve(self, client) -> None:
+        mode = self.mode  # read once: the test moves it from 503 to reset to None while connections arrive
+        if mode == "503":
+            with client:
+                request = client.recv(65536)
+                client.sendall(b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\n"
+                               b"Connection: close\r\n\r\n")
+            self.answered_503.append(request.split(b"\r\n", 1)[0].decode("ascii", "replace"))
+        elif mode == "reset":
+            client.close()
+            self.dropped.append(1)
+        else:
+            super()._serve(client)
+
+
+def printed_lines(path: str) -> str:
+    """What the Job's code has printed so far (stdout.log in its workspace), up to its last whole line."""
+    text = Path(path).read_text(errors="replace")
+    return text[:text.rfind("\n") + 1]
+
+
 def test_a_network_cut_delays_logs_and_heartbeats_but_loses_and_repeats_nothing(site):
-    """503s, then connections dropped, for a few seconds while the code prints: the runner retries with
-    backoff, the Job stays running, and every line arrives once and in order after the network is back."""
+    """503s, then connections dropped, while the code prints: the runner retries with backoff, the Job
+    stays running, and every line arrives once and in order after the network is back."""
     job = site.job(["python", "-c", TICKER])
     spec_dir, spec = site.submit(job)
-    proxy = FlakyProxy(site.url)
+    proxy = NotedCut(site.url)
     try:
         write_spec_dir(spec_dir, api_url=proxy.url, token=spec["token"], job=spec["job"],
                        runner_python=sys.executable)
@@ -273,15 +303,20 @@ def test_a_network_cut_delays_logs_and_heartbeats_but_loses_and_repeats_nothing(
         site.wait_status(job, "running")
         wait_for(lambda: ticker_lines(site.log(job, "stdout")), timeout=20, what="the first ticks")
 
+        # The cut lasts until the runner has met both of its kinds: a log delivery answered 503, then a
+        # connection dropped (that delivery's retry, or a heartbeat); the code prints on meanwhile.
         proxy.mode = "503"
-        time.sleep(3)
+        wait_for(lambda: any(" /api/runner/jobs/" in line and "/logs " in line for line in proxy.answered_503),
+                 timeout=30, what=lambda: f"a log delivery answered 503 (answered so far: {proxy.answered_503})")
         proxy.mode = "reset"
-        time.sleep(3)
+        wait_for(lambda: proxy.dropped, timeout=30, what="a connection of the runner dropped")
         during = len(ticker_lines(site.log(job, "stdout")))
+        printed = len(ticker_lines(printed_lines(f"{site.work_dir}/.mmt/jobs/{job.pk}/stdout.log")))
         proxy.mode = None
-        # About 60 lines were printed during the cut: they arrive now, after those stored before it.
-        wait_for(lambda: len(ticker_lines(site.log(job, "stdout"))) >= during + 60, timeout=40,
-                 what="the lines printed during the cut")
+        assert printed > during, f"the refused delivery's lines are not stored ({printed} printed, {during} stored)"
+        # The lines printed before and during the cut arrive now, after those stored before it.
+        wait_for(lambda: len(ticker_lines(site.log(job, "stdout"))) >= printed, timeout=40,
+                 what=lambda: f"the {printed} lines printed by the cut's end ({during} stored at its end)")
         assert site.status(job) == "running"
 
         runner.signal(signal.SIGTERM)
