@@ -18,14 +18,15 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.contrib.auth.backends import ModelBackend
 from django.db import transaction
-from django.db.models import F, Max, Sum
+from django.db.models import F, Max, OuterRef, Subquery, Sum
 from django.utils import timezone
 from rest_framework import exceptions
 from rest_framework.authentication import BaseAuthentication, SessionAuthentication, get_authorization_header
 
 from mado import access, tokens
 from mado.choices import Scope
-from mado.models import ApiToken, AuditEvent, JobToken, Project
+from mado.db import PreparedLookup
+from mado.models import ApiToken, AuditEvent, JobToken, Membership, Project
 
 # The AccessAttempt rows that count unknown bearer tokens carry this in place of a username. Django
 # usernames cannot contain spaces or brackets, so no sign-in is ever counted with them.
@@ -108,14 +109,23 @@ def _authenticate_bearer(value: bytes):
     raise UnknownToken("This is not a Mado API token (they start with mmt_, job tokens with mado_mtj_); copy it again.")
 
 
+def _token_by_hash(model):
+    """A token with its user, its project, the user's service account (project_role asks for it) and the
+    user's Membership role in that project (`member_role`), in one statement compiled once (mado.db)."""
+    role = Membership.objects.filter(project_id=OuterRef("project_id"), user_id=OuterRef("user_id")).values("role")
+    return PreparedLookup(lambda token_hash: model.objects.select_related(
+        "user", "project", "user__service_account").filter(token_hash=token_hash).annotate(
+        member_role=Subquery(role.order_by()[:1])).order_by()[:1], "<hash>")
+
+
+API_TOKEN_BY_HASH = _token_by_hash(ApiToken)
+JOB_TOKEN_BY_HASH = _token_by_hash(JobToken)
+
+
 def _authenticate_api_token(raw: str):
     from mado.services import record_token_use
 
-    token = (
-        ApiToken.objects.select_related("user", "project", "user__service_account")
-        .filter(token_hash=tokens.hash_token(raw))
-        .first()
-    )
+    token = API_TOKEN_BY_HASH.first(tokens.hash_token(raw))
     if token is None:
         raise UnknownToken("This API token is not known; issue a new one.")
     if token.revoked_at is not None:
@@ -139,15 +149,14 @@ def _authenticate_api_token(raw: str):
 
 
 def _authenticate_job_token(raw: str):
-    # The creator's service account comes along: project_role asks for it (one query fewer per request).
-    token = JobToken.objects.select_related("user", "project", "user__service_account").filter(
-        token_hash=tokens.hash_token(raw)).first()
+    token = JOB_TOKEN_BY_HASH.first(tokens.hash_token(raw))
     if token is None:
         raise UnknownToken("This job token is not known.")
     if token.revoked_at is not None:
         raise exceptions.AuthenticationFailed("This job token no longer works: its job has ended.")
     # The token carries its creator's current role: someone removed from the project stops recording.
-    role = access.project_role(token.user, token.project)
+    creator = token.user
+    role = token.member_role if access.role_is_a_membership(creator) else access.project_role(creator, token.project)
     if role is None or not token.user.is_active:
         raise exceptions.AuthenticationFailed(
             "The job's creator is no longer a member of the project, so its job token no longer works."

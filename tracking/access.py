@@ -2,11 +2,9 @@
 for tokens, the runs:write scope, checked by the API); a job token writes only to its own Job's Run."""
 from __future__ import annotations
 
-from django.db.models import Subquery
-
 from mado import access as identity
 from mado.choices import Role
-from mado.models import Membership, role_at_least
+from mado.db import PreparedLookup
 from tracking.errors import denied, not_found
 from tracking.models import Experiment, Run
 
@@ -30,17 +28,14 @@ def experiment_for(user, project, experiment_id) -> Experiment:
     return experiment
 
 
+# The Run an MLflow call names, in the caller's project: every MLflow call about a Run makes this lookup, so
+# it is compiled once (mado.db). The caller's role comes with the token (mado.authentication).
+RUN_IN_PROJECT = PreparedLookup(lambda project_id, run_id: Run.objects.filter(
+    project_id=project_id, pk=run_id).select_related("experiment", "created_by").order_by()[:1], -1, "<run>")
+
+
 def run_for(user, project, run_id: str) -> Run:
-    memo = getattr(user, "remembered_roles", None)
-    if memo is None or project.pk in memo or not identity.role_is_a_membership(user):
-        run = runs_visible_in(user, project).select_related("experiment", "created_by").filter(pk=run_id).first()
-    else:  # the caller's role comes with the Run: one round trip fewer on every MLflow call about a Run
-        role = Membership.objects.filter(project=project, user=user).order_by().values("role")[:1]
-        run = Run.objects.filter(project=project, pk=run_id).select_related("experiment", "created_by").annotate(
-            caller_role=Subquery(role)).first()
-        if run is not None:
-            identity.remember_role(user, project, run.caller_role)
-            run = run if role_at_least(run.caller_role, Role.VIEWER) else None
+    run = RUN_IN_PROJECT.first(project.pk, run_id) if identity.has_role(user, project, Role.VIEWER) else None
     if run is None:
         raise not_found(f"Run with id={run_id} not found")
     return run

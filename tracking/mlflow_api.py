@@ -167,6 +167,8 @@ def endpoint(scope: str, methods=("POST",)):
                                       f"{request.method}.", "ENDPOINT_NOT_FOUND", status=405)
                 user, principal = _authenticate(request)
                 identity.remember_roles(user)
+                if identity.role_is_a_membership(user):  # read along with the token: no query of its own
+                    identity.remember_role(user, principal.project, principal.token.member_role)
                 if not principal.is_job and scope not in principal.scopes:
                     raise MlflowError(f"This token lacks the {scope} scope; issue a token that has it.",
                                       "PERMISSION_DENIED")
