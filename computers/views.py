@@ -14,6 +14,7 @@ from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
+from django.core.paginator import Paginator
 from django.http import Http404, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.template.defaultfilters import filesizeformat
@@ -55,6 +56,7 @@ from mado.services import Actor
 from mado.validation import BIGINT_MAX, as_int
 
 POLL = "every 1s"
+LIST_PAGE = 50  # computers per page of the list, as many as the Jobs list shows
 MULTI_VALUED = ("runtimes", "gpu_detected")
 PATH_FIELDS = ("working_dir", "python_path")
 
@@ -84,7 +86,7 @@ DETAIL_FAILURES = {
 @login_required
 @require_GET
 def computer_list(request):
-    context = _list_context(request)
+    context = _list_context(request, request.GET.get("page"))
     if request.htmx and request.GET.get("fragment") == "list":
         return render(request, "computers/partials/_computer_list.html", context)
     return render(request, "computers/computer_list.html", context)
@@ -98,15 +100,19 @@ def computer_detail(request, pk):
     details = _details_context(request, target)
     if request.htmx and not request.htmx.history_restore_request:
         return render(request, "computers/partials/_computer_details.html", details)
-    return render(request, "computers/computer_list.html", {**_list_context(request), **details})
+    # Opened by its address (a reload, a link): the list shows the page that holds this computer's row.
+    number = request.GET.get("page") or _page_of(request.user, target)
+    return render(request, "computers/computer_list.html", {**_list_context(request, number), **details})
 
 
-def _list_context(request) -> dict:
-    """Three queries whatever the number of computers: the computers with their owners, and the ids
-    of those the user may use (a service account's creator is looked up once)."""
+def _list_context(request, number) -> dict:
+    """One page of LIST_PAGE computers (docs/decisions.md "Long lists"), in the same few queries whatever
+    the number of computers: a count, the page's computers with their owners, and which of them the user
+    may use (a service account's creator is looked up once)."""
     user = request.user
-    computers = list(access.listed_to(user))
-    usable_ids = set(access.usable_by(user).values_list("pk", flat=True))
+    page = Paginator(access.listed_to(user), LIST_PAGE).get_page(number)
+    computers = list(page)
+    usable_ids = set(access.usable_by(user).filter(pk__in=[c.pk for c in computers]).values_list("pk", flat=True))
     # Each label translated once, not once per row: with a thousand rows the lookups were most of the page.
     # The same goes for the rows' addresses: each pattern reversed once.
     kind_labels = {value: str(label) for value, label in Kind.choices}
@@ -120,7 +126,12 @@ def _list_context(request) -> dict:
         computer.urls = {name.replace("-", "_"): url(computer.pk) for name, url in urls.items()}
     # Anyone signed in adds sites (seed 003); service accounts add nothing.
     can_add = access.can_add(user, Kind.SITE) and not identity.is_service_user(user)
-    return {"computers": computers, "can_add": can_add}
+    return {"computers": computers, "page": page, "can_add": can_add}
+
+
+def _page_of(user, target: ComputeTarget) -> int:
+    """The list's page number of `target`'s row (the list is ordered by name, and names are unique)."""
+    return access.listed_to(user).filter(name__lt=target.name).count() // LIST_PAGE + 1
 
 
 def _row_url(name: str):
