@@ -3,14 +3,15 @@ time, and why a queued one waits.
 
 Placement runs inside the claim transaction on computers locked FOR UPDATE SKIP LOCKED: a computer
 that another claim is busy with is simply not available to this one, so claims never wait on each
-other and never deadlock, and what a locked computer has free cannot change under us. Every replica's
+other and never deadlock, and what a locked computer has free cannot change under us (read after the
+lock: by Room.of, or for a job of one replica by the claim's write itself, fits_on_locked). Every replica's
 GPU reservations and replica rows are written in one savepoint: all of them, or none."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 from django.db import IntegrityError, connection, transaction
-from django.db.models import BooleanField, Count, F, OuterRef, Q, Subquery
+from django.db.models import BooleanField, Count, Exists, F, OuterRef, Q, Subquery
 from django.db.models.expressions import RawSQL
 from django.db.models.functions import Coalesce
 from django.utils.translation import gettext as _
@@ -166,6 +167,17 @@ def fits_now() -> Q:
     full = ComputeTarget.objects.filter(holding).alias(used=_used()).filter(used__gte=F("concurrency"))
     taken = RawSQL(_GPU_TAKEN[connection.vendor], (), output_field=BooleanField())
     return Q(cluster_size__lte=1) & ~Q(target__in=full.values("pk")) & ~Q(taken)
+
+
+def fits_on_locked(job: Job) -> Q:
+    """A job of one replica fits on its computer now: a free slot, and none of its GPUs reserved. The
+    claim locks the computer first, then filters its own write with this (lifecycle.move_if), so what it
+    reads is what the computer has once the lock is held: no other claim can take it meanwhile."""
+    free = ComputeTarget.objects.filter(pk=job.target_id).alias(used=_used()).filter(used__lt=F("concurrency"))
+    fits = Q(target__in=free.values("pk"))
+    if job.gpu_ids:
+        fits &= ~Q(Exists(GpuReservation.objects.filter(target_id=job.target_id, gpu_id__in=job.gpu_ids)))
+    return fits
 
 
 @dataclass

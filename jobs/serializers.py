@@ -78,7 +78,8 @@ def worker_job_payload(job: Job, token: str | None) -> dict:
         "gpu_ids": job.gpu_ids,
         "walltime_seconds": job.walltime_seconds,
         "cancel_requested": job.stop_requested_at is not None,
-        "input_datasets": inputs.claim_payload(job),
+        # A claim knows whether the job has inputs from its pick (jobs.services._pick): none, no query.
+        "input_datasets": inputs.claim_payload(job) if getattr(job, "has_inputs", True) else [],
         "api_url": settings.PUBLIC_URL,
         "computer": worker_computer(target),
         **worker_cluster(job),

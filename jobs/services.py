@@ -14,7 +14,7 @@ import time
 import uuid
 
 from django.db import transaction
-from django.db.models import Count, F, OuterRef, Q, Subquery
+from django.db.models import Count, Exists, F, OuterRef, Q, Subquery, Value
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
@@ -256,38 +256,80 @@ def claim_job(worker: Worker, active_job_ids: list[int]) -> tuple[Job, str | Non
     """One transaction: recover an unacknowledged claim, or take the oldest queued job this worker
     may run whose computers have free slots and free GPUs — for a cluster job, room for every replica
     at once (jobs.cluster). Returns (job, job token plaintext). Raises ActiveJobsEnded as a wake-up
-    when jobs in `active_job_ids` have ended meanwhile."""
+    when jobs in `active_job_ids` have ended meanwhile. `worker` may be a request's worker not read yet
+    (workers.services.unread): the claim reads it under its lock."""
     requeue_unstarted()
     with transaction.atomic():
-        # Serialise duplicate requests of one worker: a replayed claim sees the first one's result.
-        stopped = Worker.objects.select_for_update().filter(pk=worker.pk).values_list("stopped_at", flat=True)
-        if not stopped or worker_services.stopped_meanwhile(worker, stopped[0]):
+        if not _lock_worker(worker):
             return None  # it said goodbye: hand it nothing
-        recovered = _recover_unacknowledged(worker, active_job_ids)
-        if recovered is not None:
-            return recovered
-        # The project, creator and computer come along: the token, the audit row and the answer need them.
-        jobs = list(_claimable(worker).filter(Q(cluster_size__gt=1) | cluster.fits_now())
-                    .select_for_update(skip_locked=True, of=("self",))
-                    .select_related("compute_group", "created_by", "project", "target")[:CLAIM_BATCH])
-        # SKIP LOCKED on the computers too (cluster.Rooms): a computer another claim is placing a job
-        # on is passed over, not waited for, so claims on different computers run side by side and
-        # never wait on each other in a cycle.
-        rooms = cluster.Rooms()
-        served = None
-        for job in jobs:
-            if job.is_cluster:
-                served = served if served is not None else _served_ids(worker)
-                if cluster.try_claim(job, rooms, served, worker.target_ids):
-                    return _mark_claimed(worker, job)
-                continue
-            room = rooms.get(job.target_id)
-            if room is None or not room.target.enabled or job.runtime not in room.target.runtimes:
-                continue
-            if room.slots < 1 or not set(job.gpu_ids) <= set(room.free_gpus):
-                continue
-            _reserve_gpus(job, room.target)
-            return _mark_claimed(worker, job)
+        tried: list[int] = []
+        for _round in range(CLAIM_BATCH):
+            job = _pick(worker, active_job_ids, tried)
+            if job is None or job.held_lost or job.held_listed < len(set(active_job_ids)):
+                # What the worker said it runs differs from what it holds (read with the pick, under the
+                # worker's lock), or nothing is left to take: recover or wake up first.
+                return _recover_unacknowledged(worker, active_job_ids)
+            tried.append(job.pk)
+            claimed = _claim_cluster(worker, job) if job.is_cluster else _claim_on_its_computer(worker, job)
+            if claimed is not None:
+                return claimed
+    return None
+
+
+def _lock_worker(worker: Worker) -> bool:
+    """Serialise duplicate requests of one worker: a replayed claim sees the first one's result. False
+    when it said goodbye before its request came; WorkerStopped when it did so meanwhile."""
+    if worker.pk is None:
+        worker_services.read_locked(worker)  # the request's first claim: it was read before as it is now
+        return not worker_services.stopped_meanwhile(worker, worker.stopped_at)
+    stopped = Worker.objects.select_for_update().filter(pk=worker.pk).values_list("stopped_at", flat=True)
+    return bool(stopped) and not worker_services.stopped_meanwhile(worker, stopped[0])
+
+
+def _pick(worker: Worker, active_job_ids: list[int], tried: list[int]) -> Job | None:
+    """The oldest claimable job not `tried` that may fit now (cluster.fits_now, a hint), locked with its
+    computer FOR UPDATE SKIP LOCKED: a job or computer another claim is busy with is passed over, not
+    waited for, so claims on different computers run side by side and never wait on each other in a
+    cycle. Along with it in the same statement: what the token, the audit row and the answer need (its
+    project, creator and computer; the rows one-to-one with it, such as tracking's Run; whether it has
+    inputs) and how the worker's held jobs compare with `active_job_ids` (held_lost, held_listed). A
+    multi-node job reads its compute group when it is placed: each join costs the planner on every claim."""
+    held = Job.objects.filter(worker=worker, status__in=HELD_STATUSES).order_by()
+    listed = held.filter(pk__in=active_job_ids).values("worker").annotate(n=Count("pk")).values("n")
+    one_to_one = [relation.name for relation in Job._meta.related_objects if relation.one_to_one]
+    return (_claimable(worker).filter(Q(cluster_size__gt=1) | cluster.fits_now()).exclude(pk__in=tried)
+            .select_for_update(skip_locked=True, of=("self", "target"))
+            .select_related("created_by", "project", "target", *one_to_one)
+            .annotate(held_lost=Exists(held.filter(status=JobStatus.CLAIMED).exclude(pk__in=active_job_ids)),
+                      held_listed=Coalesce(Subquery(listed), 0) if active_job_ids else Value(0),
+                      has_inputs=_has_inputs())
+            .first())
+
+
+def _has_inputs():
+    """Whether a job reads inputs (jobs.inputs): without any, the answer's input_datasets need no query."""
+    lookups = inputs.prefetch_lookups()
+    if not lookups:
+        return Value(False)
+    return Exists(Job.objects.filter(pk=OuterRef("pk"), **{lookups[0].split("__")[0] + "__isnull": False}))
+
+
+def _claim_on_its_computer(worker: Worker, job: Job) -> tuple[Job, str] | None:
+    """A job of one replica on its computer, locked by _pick as it is now (enabled, runtimes, GPUs). Its
+    slots and free GPUs are read by the claim's write itself, which starts after that lock: no other claim
+    can take them meanwhile. The unique constraint on (computer, GPU) stays the last word: a violation
+    would abort the whole claim, never hand a GPU out twice."""
+    target = job.target
+    if not target.enabled or job.runtime not in target.runtimes or not set(job.gpu_ids) <= set(target.gpu_ids):
+        return None
+    reservations = [GpuReservation(target=target, gpu_id=gpu, job=job) for gpu in job.gpu_ids]
+    return _mark_claimed(worker, job, when=cluster.fits_on_locked(job), along=reservations)
+
+
+def _claim_cluster(worker: Worker, job: Job) -> tuple[Job, str] | None:
+    # SKIP LOCKED on every candidate computer too (cluster.Rooms); its own is locked already.
+    if cluster.try_claim(job, cluster.Rooms(), _served_ids(worker), worker.target_ids):
+        return _mark_claimed(worker, job)
     return None
 
 
@@ -338,23 +380,22 @@ def _claimable(worker: Worker):
     return queued.filter(on_its_computer | in_its_group).order_by("created_at", "id")
 
 
-def _reserve_gpus(job: Job, target: ComputeTarget) -> None:
-    """On a computer locked by this claim whose free GPUs were read after the lock (cluster.Room): no
-    other claim can take them meanwhile. The unique constraint on (computer, GPU) stays the last word:
-    a violation would abort the whole claim, never hand a GPU out twice."""
-    if job.gpu_ids:
-        GpuReservation.objects.bulk_create([GpuReservation(target=target, gpu_id=gpu, job=job) for gpu in job.gpu_ids])
-
-
-def _mark_claimed(worker: Worker, job: Job) -> tuple[Job, str]:
+def _mark_claimed(worker: Worker, job: Job, *, when=Q(), along=()) -> tuple[Job, str] | None:
+    """The claim's writes, in one statement on PostgreSQL (lifecycle.move_if): the move to claimed if
+    `when` still holds, with `along`, the job token, the "claimed" event, the audit row and the worker's
+    count. None when `when` no longer holds; nothing is written then."""
     now = timezone.now()
-    lifecycle.move(job, JobStatus.CLAIMED, at=now, worker=worker, lease_id=uuid.uuid4(), heartbeat_at=now)
-    _record, plaintext = identity_services.issue_job_token(job_id=job.pk, lease_id=job.lease_id,
-                                                           project=job.project, user=job.created_by)
-    _event(job, "claimed", f"Claimed by worker {worker.worker_id}")
-    audit(Actor(worker.account), "job.claim", job, project=job.project,
-          after={"worker": worker.worker_id, "lease_id": str(job.lease_id)})
-    _count_active(worker)
+    lease_id = uuid.uuid4()
+    token, plaintext = identity_services.job_token_row(job_id=job.pk, lease_id=lease_id, project=job.project,
+                                                       user=job.created_by)
+    rows = [*along, token, lifecycle.event_row(job, "claimed", f"Claimed by worker {worker.worker_id}"),
+            identity_services.audit_row(Actor(worker.account), "job.claim", job, project=job.project,
+                                        after={"worker": worker.worker_id, "lease_id": str(lease_id)})]
+    # The worker's count with this job: in the one statement the other rows still read it as queued.
+    counted = (Worker.objects.filter(pk=worker.pk), {"active_jobs": _held_count(but=job.pk) + 1})
+    if not lifecycle.move_if(job, JobStatus.CLAIMED, when, at=now, along=rows, also=[counted], worker=worker,
+                             lease_id=lease_id, heartbeat_at=now):
+        return None
     return job, plaintext
 
 
@@ -400,9 +441,15 @@ def _count_active(worker: Worker | None) -> None:
     if worker is None:
         return
     # One statement, counted when it runs.
-    held = (Job.objects.filter(worker=OuterRef("pk"), status__in=HELD_STATUSES).order_by().values("worker")
-            .annotate(n=Count("pk")).values("n"))
-    Worker.objects.filter(pk=worker.pk).update(active_jobs=Coalesce(Subquery(held), 0))
+    Worker.objects.filter(pk=worker.pk).update(active_jobs=_held_count())
+
+
+def _held_count(but: int | None = None):
+    """The held jobs of the worker row the expression is evaluated on, but job `but`."""
+    held = Job.objects.filter(worker=OuterRef("pk"), status__in=HELD_STATUSES)
+    if but is not None:
+        held = held.exclude(pk=but)
+    return Coalesce(Subquery(held.order_by().values("worker").annotate(n=Count("pk")).values("n")), 0)
 
 
 _last_requeue = 0.0

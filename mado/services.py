@@ -53,7 +53,15 @@ SYSTEM = Actor(user=None)
 
 
 def audit(actor: Actor, action: str, obj, *, project: Project | None = None, before=None, after=None) -> AuditEvent:
-    return AuditEvent.objects.create(
+    row = audit_row(actor, action, obj, project=project, before=before, after=after)
+    row.save(force_insert=True)
+    return row
+
+
+def audit_row(actor: Actor, action: str, obj, *, project: Project | None = None, before=None,
+              after=None) -> AuditEvent:
+    """The audit row, unsaved: for a caller that writes it along with its own change (the job claim)."""
+    return AuditEvent(
         actor=actor.user,
         actor_label=actor.user.username if actor.user else "system",
         action=action,
@@ -402,12 +410,16 @@ def record_token_use(token: ApiToken) -> None:
 # Job tokens -------------------------------------------------------------------------------------
 
 def issue_job_token(*, job_id: int, lease_id: uuid.UUID, project: Project, user: User) -> tuple[JobToken, str]:
-    plaintext = tokens.new_token(tokens.JOB_TOKEN_PREFIX)
-    token = JobToken.objects.create(
-        job_id=job_id, lease_id=lease_id, project=project, user=user,
-        prefix=tokens.display_prefix(plaintext), token_hash=tokens.hash_token(plaintext),
-    )
+    token, plaintext = job_token_row(job_id=job_id, lease_id=lease_id, project=project, user=user)
+    token.save(force_insert=True)
     return token, plaintext
+
+
+def job_token_row(*, job_id: int, lease_id: uuid.UUID, project: Project, user: User) -> tuple[JobToken, str]:
+    """A new job token's row, unsaved (the job claim writes it along with the claim), and its plaintext."""
+    plaintext = tokens.new_token(tokens.JOB_TOKEN_PREFIX)
+    return JobToken(job_id=job_id, lease_id=lease_id, project=project, user=user,
+                    prefix=tokens.display_prefix(plaintext), token_hash=tokens.hash_token(plaintext)), plaintext
 
 
 def revoke_job_tokens(job_id: int) -> int:

@@ -7,13 +7,15 @@ import pytest
 from jobs import services
 from jobs.models import GpuReservation, Job, JobEvent
 from mado.models import AuditEvent, JobToken
+from mado.services import Actor
 from tests.conftest import bearer
-from tests.job_fixtures import gpu_computer
+from tests.job_fixtures import gpu_computer, job_request
+from tracking.models import Run
 
-# BEGIN and COMMIT; the token, the worker, its lock and its held jobs; the job (SKIP LOCKED), its
-# computer (SKIP LOCKED), that computer's reservations and slots; the reservation, the claim, the job
-# token, the event, the audit row, the worker's count; the answer's datasets and tracking Run.
-CLAIM_QUERIES = 18
+# The token; BEGIN and COMMIT; the worker, read and locked at once; the job with its computer (SKIP
+# LOCKED), its held jobs, its Run and whether it has inputs; one write: the claim if its computer's slots
+# and GPUs are still free, with the reservation, the job token, the event, the audit row and the count.
+CLAIM_QUERIES = 6
 
 
 def _queue(world, target, count: int, gpu: str):
@@ -50,3 +52,15 @@ def test_a_claim_over_http_costs_a_fixed_number_of_queries(world, job_worker, qu
     assert job_worker.claim(active=[first["id"], item["id"]]) is None
     # The token works: the job's own code may record with it.
     assert bearer(item["job_token"]).get("/api/projects/lab/jobs").status_code != 401
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_job_with_its_run_is_handed_out_with_that_run_in_the_same_queries(world, job_worker, quiet_sweep,
+                                                                            django_assert_max_num_queries):
+    # Created as people create jobs, so tracking gives it its Run (jobs.hooks); the claim reads it along.
+    job = services.create_job(Actor(world.member), world.project, job_request(gpu_computer(world.global_admin)))
+    run = Run.objects.get(job=job)
+    with django_assert_max_num_queries(CLAIM_QUERIES):
+        item = job_worker.claim()
+    assert item["id"] == job.pk and item["input_datasets"] == []
+    assert (item["run_id"], item["experiment_id"]) == (run.run_id, str(run.experiment_id))

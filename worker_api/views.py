@@ -313,7 +313,8 @@ class JobClaimView(WorkerView):
 
     @extend_schema(request=ClaimSerializer, responses=OpenApiTypes.OBJECT)
     def post(self, request):
-        worker = self.worker()
+        # Read by its first claim, under the claim's lock: one query for presence and lock (issue 19).
+        worker = services.unread(request.auth, self.body().get("worker_id"))
         active = _active_ids(self.body())
         try:
             claimed = wait_for(lambda: job_services.claim_job(worker, active), self.wait_seconds(),

@@ -82,11 +82,30 @@ def touch(principal, worker_id) -> Worker:
     """A claim call refreshes presence. A worker must have said hello first (seed 001: claims and
     resumes without the required presence fields are refused with 422)."""
     worker_id = validate_worker_id(worker_id)
-    now = timezone.now()
-    worker = Worker.objects.filter(account=principal.token.user, worker_id=worker_id).first()
+    return _seen(Worker.objects.filter(account=principal.token.user, worker_id=worker_id).first())
+
+
+def unread(principal, worker_id) -> Worker:
+    """The request's worker before it is read: its job claim reads it under the claim's own lock
+    (`read_locked`), so that finding the worker and locking it are one query (issue 19)."""
+    return Worker(account=principal.token.user, project=principal.project, worker_id=validate_worker_id(worker_id))
+
+
+def read_locked(worker: Worker) -> None:
+    """Inside a transaction: read the row of an `unread` worker into it, locked FOR UPDATE, and refresh
+    its presence as `touch` does."""
+    found = _seen(Worker.objects.select_for_update().filter(account=worker.account, worker_id=worker.worker_id)
+                  .first())
+    for field in Worker._meta.concrete_fields:
+        setattr(worker, field.attname, getattr(found, field.attname))
+    worker._state.adding = False
+
+
+def _seen(worker: Worker | None) -> Worker:
     if worker is None:
         raise ServiceError("Send worker/hello with worker_id, version and hostname before claiming.",
                            "hello_required")
+    now = timezone.now()
     if worker.last_seen_at < now - TOUCH_RESOLUTION:
         Worker.objects.filter(pk=worker.pk).update(last_seen_at=now)
         worker.last_seen_at = now
