@@ -101,12 +101,16 @@ def main() -> None:
                 admin.execute(f'CREATE DATABASE "{name}"')
                 created.append(name)
         token = prepare_ours()
-        ours = start_ours(args.server, gunicorn_path, processes)
-        theirs = start_mlflow(mlflow_bin, processes) if "mlflow" in args.servers else None
         print(f"points: {args.points} per series; log_metric calls: {args.calls}; our server: {args.server}; "
               f"MLflow server: {mlflow_version(mlflow_bin) + ' --workers 2' if mlflow_bin else 'skipped'}; "
-              f"client: mlflow-skinny {client_version()}")
-        run(args.points, args.calls, ours, token, theirs)
+              f"client: mlflow-skinny {client_version()}; each server measured alone, once its start-up "
+              "settled")
+        servers = {}
+        if "ours" in args.servers:
+            servers["ours"] = (lambda: start_ours(args.server, gunicorn_path, processes), token)
+        if mlflow_bin:
+            servers["mlflow"] = (lambda: start_mlflow(mlflow_bin, processes), None)
+        run(args.points, args.calls, servers, processes)
     except KeyboardInterrupt:
         print("interrupted: stopping the servers and dropping the databases", file=sys.stderr)
         failures.append("interrupted")
@@ -226,6 +230,31 @@ def start_mlflow(mlflow_bin: Path, processes: list) -> str:
     return url
 
 
+def settle(process: subprocess.Popen, name: str, quiet_cpu: float = 0.1, timeout: float = 120) -> None:
+    """Until the server's processes (its session) used under `quiet_cpu` s of CPU over 2 s: done starting."""
+    tick = os.sysconf("SC_CLK_TCK")
+
+    def cpu() -> float:
+        total = 0
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                fields = stat.read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[3]) == process.pid:  # the session id: the server and everything it started
+                total += int(fields[11]) + int(fields[12])
+        return total / tick
+
+    started, before = time.monotonic(), cpu()
+    while time.monotonic() - started < timeout:
+        time.sleep(2)
+        now = cpu()
+        if now - before < quiet_cpu:
+            break
+        before = now
+    print(f"{name}: start-up settled after {time.monotonic() - started:.0f} s", flush=True)
+
+
 def _start(command: list[str], env: dict, name: str) -> subprocess.Popen:
     log = open(VAR / f"{name}.log", "wb")
     process = subprocess.Popen(command, cwd=ROOT if name == "ours" else VAR, env=env, stdout=log,
@@ -237,14 +266,18 @@ def _start(command: list[str], env: dict, name: str) -> subprocess.Popen:
 
 # The workloads ----------------------------------------------------------------------------------------
 
-def run(points: int, calls: int, ours: str, token: str, theirs: str) -> None:
+def run(points: int, calls: int, servers: dict, processes: list) -> None:
+    """Each server started, measured and stopped in turn: MLflow 3's server starts about ten background
+    processes (job consumers) that take some 25 s of CPU as they start, which would otherwise fall on
+    whichever server is measured meanwhile. The client's floor and the bare inserts run with no server."""
     results: dict[str, float | None] = {}
-    for name, uri, auth in (("ours", ours, token), ("mlflow", theirs, None)):
-        if uri is None:
-            continue
+    for name, (start, auth) in servers.items():
+        uri = start()
+        settle(processes[-1], name)
         results[f"http_roundtrip_{name}"] = http_roundtrip(name, uri, calls)
         results.update({f"{k}_{name}": v for k, v in client_workloads(name, uri, auth, points, calls).items()})
         results.update({f"{k}_{name}": v for k, v in sdk_workloads(name, uri, auth, points, calls).items()})
+        stop(processes[-1])
     copy_rate, orm_rate = bare_inserts(points)
     results["bare_copy"], results["bare_orm"] = copy_rate, orm_rate
     results.update({f"{k}_floor": v for k, v in client_floor(points, calls).items()})
