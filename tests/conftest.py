@@ -59,6 +59,21 @@ class World:
         return self.token(user, scopes, project=project)
 
 
+@pytest.fixture(scope="session")
+def django_db_setup(django_db_setup, django_db_blocker):
+    """pytest-django's, and at the end of the session: the live server's request threads may still hold
+    database sessions (a client's keep-alive connection outlives its test); they are ended before the test
+    database is dropped, or DROP DATABASE waits 5 s for them and then fails, leaving the database behind."""
+    yield
+    from django.db import connection
+
+    if connection.vendor != "postgresql":
+        return
+    with django_db_blocker.unblock(), connection.cursor() as cursor:
+        cursor.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                       "WHERE datname = current_database() AND pid <> pg_backend_pid()")
+
+
 @pytest.fixture(autouse=True)
 def fast_password_hashing(settings):
     # The default PBKDF2 costs ~0.3 s per user; the fixture world creates several.

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from worker_agent import telemetry
 from worker_agent.text import API_TOKEN_RE, JOB_TOKEN_PREFIXES, job_token_prefix
 
 WORKER_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
@@ -191,6 +192,10 @@ class WorkerConfig:
                                         "the most files a job's outputs directory may hold")
         gpu_watch_seconds = _int_setting(env, "MMT_WORKER_GPU_WATCH_SECONDS", DEFAULT_GPU_WATCH_SECONDS, 0, 3600,
                                          "the seconds between two readings of a computer's GPUs (0 turns it off)")
+        try:
+            telemetry.interval_seconds(env)
+        except ValueError as error:
+            raise ConfigError(str(error)) from None
         ssh_dirs = [home() / ".ssh"]
         extra = env.get("MMT_WORKER_SSH_DIR", "").strip()
         if extra:

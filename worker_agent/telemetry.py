@@ -1,5 +1,6 @@
-"""GPU telemetry of running jobs: utilisation and memory of each job's reserved GPUs, every 10 s, sent
-as job metrics `system/gpu/<id>/utilization` (percent) and `system/gpu/<id>/memory` (MiB used).
+"""GPU telemetry of running jobs: utilisation and memory of each job's reserved GPUs, every 10 s
+(MMT_WORKER_TELEMETRY_SECONDS), sent as job metrics `system/gpu/<id>/utilization` (percent) and
+`system/gpu/<id>/memory` (MiB used).
 
 NVML (`nvidia-ml-py`, the `telemetry` extra) reads the GPUs of the machine the worker runs on, so it
 serves jobs whose computer is that machine: Local computers and SSH computers at a loopback address.
@@ -11,11 +12,36 @@ job's process tree (`system/cpu/utilization`, % of one core; `system/memory/rss_
 from __future__ import annotations
 
 import logging
+import os
 import threading
 
 log = logging.getLogger("mado.worker.telemetry")
 
-INTERVAL_SECONDS = 10.0
+INTERVAL_SETTING = "MMT_WORKER_TELEMETRY_SECONDS"
+INTERVAL_DEFAULT = 10.0
+
+
+def interval_seconds(environ=os.environ) -> float:
+    """MMT_WORKER_TELEMETRY_SECONDS: seconds between two samples of a running job (10 by default). It
+    exists so that tests which wait for a second sample need not wait 20 s. ValueError says what is wrong:
+    the worker's configuration refuses a bad value at start (worker_agent.config)."""
+    text = str(environ.get(INTERVAL_SETTING, "")).strip()
+    if not text:
+        return INTERVAL_DEFAULT
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not 0.5 <= value <= 3600:
+        raise ValueError(f"{INTERVAL_SETTING} is the seconds between two samples of a running job's GPUs, CPU "
+                         f"and memory, from 0.5 to 3600 (got {text!r}).")
+    return value
+
+
+try:
+    INTERVAL_SECONDS = interval_seconds()  # read once, when the worker starts
+except ValueError:
+    INTERVAL_SECONDS = INTERVAL_DEFAULT  # refused by the configuration before any job is sampled
 LOOPBACK = ("127.0.0.1", "::1", "localhost")
 
 

@@ -42,8 +42,8 @@ def assert_complete_logs(e2e, job, lines: int) -> None:
 
 def test_a_worker_killed_mid_job_is_started_again_and_re_attaches_and_sigterm_leaves_the_job_running(e2e):
     first = e2e.start_worker()
-    # 30 s of output: it must outlast the worker's restart even on a busy machine.
-    job = e2e.counter_job("killed", lines=6000, pause=0.005, gpu_ids=["1"])
+    # It holds before line 4000 until the third worker runs, so it outlasts the restarts however long they take.
+    job = e2e.counter_job("killed", lines=6000, pause=0.001, hold_at=4000, gpu_ids=["1"])
     e2e.wait_log(job, "line 000400", timeout=60)
     first.kill()
     assert e2e.journal() == [f"{job.pk}.json"]
@@ -68,6 +68,7 @@ def test_a_worker_killed_mid_job_is_started_again_and_re_attaches_and_sigterm_le
     assert e2e.journal() == [f"{job.pk}.json"]
 
     third = e2e.start_worker()
+    e2e.release("killed")
     e2e.wait_ended(job, timeout=60)
     job = e2e.assert_ended_once(job, "finished")
     assert_complete_logs(e2e, job, 6000)

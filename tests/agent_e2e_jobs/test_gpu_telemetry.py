@@ -26,6 +26,9 @@ from tests.agent_e2e_jobs.conftest import wait_until
 from tests.gpu.stand_in import gpu, install, write_state
 
 PROBE_MARK = b"gpu_uuid,pid,used_memory"  # in the probe's command line (worker_agent.gpu_remote.QUERY_APPS)
+# Seconds between samples for this file's workers (MMT_WORKER_TELEMETRY_SECONDS; the product's is 10), so a
+# test waiting for a second sample does not wait 20 s. It is on the probe's command line too.
+INTERVAL = 2
 
 
 def stand_in(e2e, apps=None):
@@ -39,7 +42,7 @@ def stand_in(e2e, apps=None):
 
 
 def probes() -> list[int]:
-    """PIDs of telemetry probes (interval 10 s) running on this machine, which is also the target."""
+    """PIDs of telemetry probes (of this file's INTERVAL) running on this machine, which is also the target."""
     found = []
     for name in os.listdir("/proc"):
         try:
@@ -47,7 +50,7 @@ def probes() -> list[int]:
                 argv = f.read().split(b"\0")
         except (OSError, ValueError):
             continue
-        if PROBE_MARK in argv and b"10" in argv:
+        if PROBE_MARK in argv and str(INTERVAL).encode() in argv:
             found.append(int(name))
     return found
 
@@ -68,11 +71,12 @@ def gpu_metrics(job) -> list[tuple[str, float, int]]:
 
 def test_an_ssh_jobs_page_shows_charts_of_its_gpus_sampled_by_one_command(e2e):
     stand_in(e2e)
-    e2e.start_worker()
+    e2e.start_worker(MMT_WORKER_TELEMETRY_SECONDS=INTERVAL)
     # A probe of an earlier test's job whose worker was killed may still be alive (it ends with its job's
     # processes, or at its next write to the closed channel): only this job's count.
     earlier = set(probes())
-    job = e2e.counter_job("gpus", 60, 0.5, gpu_ids=["1"])
+    # The job holds before its second line until the test has seen what it checks, however long that takes.
+    job = e2e.counter_job("gpus", 3, 0.1, hold_at=1, gpu_ids=["1"])
     e2e.wait_status(job, "running", timeout=90)
     seen = set()
 
@@ -94,6 +98,8 @@ def test_an_ssh_jobs_page_shows_charts_of_its_gpus_sampled_by_one_command(e2e):
     for name in ("utilization", "memory", "temperature", "power"):
         assert f'data-metric="system/gpu/1/{name}"' in page, f"no {name} chart on the job page"
 
+    assert e2e.job(job).status == "running", "the samples were taken while the job ran"
+    e2e.release("gpus")
     e2e.wait_ended(job, timeout=90)
     e2e.assert_ended_once(job, "finished")
     wait_until(lambda: not set(probes()) - earlier, timeout=30, what="the GPU probe to end with the job")
@@ -194,7 +200,7 @@ def test_a_job_without_gpus_shows_charts_of_its_process_trees_cpu_and_memory(e2e
     script = e2e.script("burner.py", BURNER)
     stop = e2e.working_dir / "burner.stop"
     earlier = set(probes())  # an earlier test's, whose worker was killed, may still be ending
-    e2e.start_worker()
+    e2e.start_worker(MMT_WORKER_TELEMETRY_SECONDS=INTERVAL)
     job = e2e.create_job(command=["python", str(script), str(stop)])
     e2e.wait_status(job, "running", timeout=90)
     e2e.wait_log(job, "burning", timeout=60)

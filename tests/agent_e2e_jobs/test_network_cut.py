@@ -67,7 +67,8 @@ def sshd():
 
 def test_the_network_to_the_target_cut_the_job_runs_on_and_the_worker_reconnects(e2e):
     worker = e2e.start_worker()
-    job = e2e.counter_job("netcut", lines=1200, pause=0.02)
+    # It holds before line 600 until the link is back, so it runs on however long the worker takes to notice.
+    job = e2e.counter_job("netcut", lines=1200, pause=0.005, hold_at=600)
     e2e.wait_log(job, "line 000050", timeout=60)
     ip("link", "set", e2e.sshd.link, "down")
     try:
@@ -78,6 +79,7 @@ def test_the_network_to_the_target_cut_the_job_runs_on_and_the_worker_reconnects
         assert e2e.job(job).status == "running"
     finally:
         ip("link", "set", e2e.sshd.link, "up")
+        e2e.release("netcut")
     e2e.wait_ended(job, timeout=90)
     job = e2e.assert_ended_once(job, "finished")
     assert_complete_logs(e2e, job, 1200)

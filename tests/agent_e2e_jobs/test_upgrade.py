@@ -199,8 +199,9 @@ def test_an_upgrade_mid_job_restarts_the_worker_and_the_job_runs_on(e2e, worker_
                    what="the installed worker 0.1.0 to say hello")
         old_pid = int((systemd / f"{unit}.pid").read_text())
 
-        # 30 s of output: the job must outlast a pip install and a restart even on a busy machine.
-        job = e2e.counter_job("upgrade", lines=3000, pause=0.01, gpu_ids=["0"])
+        # The job holds before line 2000 until the upgraded worker is back, so it outlasts a pip install and a
+        # restart however long they take.
+        job = e2e.counter_job("upgrade", lines=3000, pause=0.002, hold_at=2000, gpu_ids=["0"])
         e2e.wait_log(job, "line 000300", timeout=60)
         upgraded = subprocess.run([cli, "upgrade", "--worker-id", "lab-worker-1", "--package-spec", str(new_wheel)],
                                   env=env, capture_output=True, text=True, timeout=300)
@@ -211,6 +212,7 @@ def test_an_upgrade_mid_job_restarts_the_worker_and_the_job_runs_on(e2e, worker_
         wait_until(lambda: Worker.objects.filter(worker_id="lab-worker-1", version="0.1.1").exists(), timeout=30,
                    what="the upgraded worker 0.1.1 to say hello")
         pid = int(e2e.starts("upgrade")[0])
+        e2e.release("upgrade")
 
         e2e.wait_ended(job, timeout=90)
         job = e2e.assert_ended_once(job, "finished")

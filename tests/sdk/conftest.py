@@ -198,22 +198,35 @@ def mlflow_server(tmp_path_factory):
     server.down()
 
 
-@pytest.fixture
-def mado_server(transactional_db, world, tmp_path):
-    """This project's server as its own process on the test database, so a test can stop and restart it."""
+@pytest.fixture(scope="module")
+def mado_server_process(django_db_setup, tmp_path_factory):
+    """This project's server as its own process on the test database, one for a module's tests: it keeps
+    nothing of a test between requests (each request reads the database; connections close with it), and
+    starting it costs seconds."""
     database = django_settings.DATABASES["default"]
     url = (f"postgres://{database['USER']}@{database['HOST'] or '127.0.0.1'}:{database['PORT'] or 5432}/"
            f"{database['NAME']}")
+    base = tmp_path_factory.mktemp("mado-server")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MADO_", "MLFLOW_"))}
-    env.update(MADO_DATABASE_URL=url, MADO_VAR_DIR=str(tmp_path / "var"), MADO_ALLOWED_HOSTS="127.0.0.1,localhost")
+    env.update(MADO_DATABASE_URL=url, MADO_VAR_DIR=str(base / "var"), MADO_ALLOWED_HOSTS="127.0.0.1,localhost")
     port = free_port()
     argv = [sys.executable, str(ROOT / "manage.py"), "runserver", f"127.0.0.1:{port}", "--noreload"]
-    token = world.token(world.member, ["read", "runs:write"])
     server = ServerProcess("the Mado server", argv, env, port, "/mlflow", "/mlflow/api/2.0/mlflow/experiments/search",
-                           tmp_path / "server.log", token=token)
+                           base / "server.log")
     server.up()
     yield server
     server.down()
+
+
+@pytest.fixture
+def mado_server(mado_server_process, transactional_db, world):
+    """The module's server process with a token of this test's world; a test can stop and restart it (one
+    that failed with it stopped leaves it to the next test to start again)."""
+    server = mado_server_process
+    if server.process.poll() is not None:
+        server.up()
+    server.token = world.token(world.member, ["read", "runs:write"])
+    return server
 
 
 class LosingProxy:
