@@ -62,7 +62,7 @@ def main() -> None:
         line_bytes = post_bytes = 0
         count = 0
         started_cpu, started = cpu(), time.monotonic()
-        with connection.stream(gpu_remote.probe_command(str(python), args.interval), timeout=60) as stream:
+        with gpu_remote.probe_stream(connection, str(python), args.interval, timeout=60) as stream:
             for line in gpu_remote.read_lines(stream, lambda: count >= args.samples):
                 sample = gpu_remote.parse_line(line)
                 assert sample.error is None and len(sample.gpus) == GPUS, sample.error

@@ -1,6 +1,6 @@
 """GPUs of a computer the worker reaches over SSH (or runs on without NVML): `nvidia-smi` on the target.
 
-One small Python program (`PROBE`, run with the computer's Python) prints one JSON line per sample:
+One small Python program (`PROBE`, worker_agent/gpu_probe.py, run with the computer's Python) prints one JSON line per sample:
 the raw CSV of `nvidia-smi --query-gpu=…` and `--query-compute-apps=…`, and for each process on a GPU
 its owner and, when its environment can be read, the Mado job it belongs to (`MMT_JOB_ID`). It runs
 two ways over the connection the worker already holds:
@@ -21,6 +21,8 @@ import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+from worker_agent.core import ship
+
 log = logging.getLogger("mado.worker.telemetry")
 
 QUERY_GPU = "index,uuid,utilization.gpu,memory.used,memory.total,temperature.gpu,power.draw"
@@ -32,132 +34,25 @@ BUSY_RECHECK_SECONDS = 5.0
 SYSTEM = "system/"
 MAX_REASON = 450  # the heartbeat's `waiting` and the release's `reason` (jobs.services) take this many characters
 
-# Runs on the target with the computer's Python (3.6+; standard library only). argv: interval seconds
-# (0: one sample, then exit), the queries, then optionally "gpus"/"nogpus" and the job's state.json (the
-# supervisor's, with the pgid of the job's process group): with one, each line also carries the CPU
-# ticks and resident memory of that group's processes read from /proc. Without a state.json it exits
-# after a sample whose nvidia-smi failed (that does not heal by itself); with one it says the error once
-# and goes on sampling the CPU and memory only.
-PROBE = r'''
-import json, os, pwd, select, shutil, subprocess, sys, time
-QUERY_GPU, QUERY_APPS, FORMAT = sys.argv[2], sys.argv[3], sys.argv[4]
-interval = float(sys.argv[1])
-want_gpus = len(sys.argv) <= 5 or sys.argv[5] == "gpus"
-state_path = sys.argv[6] if len(sys.argv) > 6 else ""
-if state_path == "-":  # from stdin: the probe is the worker's, not one of the job's processes
-    state_path = sys.stdin.readline().strip()
-PAGE = os.sysconf("SC_PAGE_SIZE")
-reader_gone = select.poll()
-reader_gone.register(sys.stdout.fileno(), select.POLLERR | select.POLLHUP)
-def group():
-    try:
-        return read_group()
-    except Exception as exc:  # a probe that dies here would take the GPU samples with it
-        return {"error": repr(exc)[:200]}
-def job_pgid():
-    try:
-        with open(state_path) as f:
-            return int(json.load(f).get("pgid") or 0)
-    except (OSError, ValueError, TypeError, AttributeError):
-        return 0
-def group_alive(pgid):
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:
-        pass
-    return True
-def read_group():
-    pgid = job_pgid()
-    if pgid <= 0:
-        return None
-    ticks = rss = count = 0
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open("/proc/" + name + "/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if int(fields[2]) != pgid or fields[0] in ("Z", "X"):
-            continue
-        ticks += int(fields[11]) + int(fields[12])
-        rss += int(fields[21]) * PAGE
-        count += 1
-    return {"ticks": ticks, "hz": os.sysconf("SC_CLK_TCK"), "rss": rss, "processes": count}
-def smi(query):
-    exe = shutil.which("nvidia-smi")
-    if exe is None:
-        return None, "nvidia-smi is not on the PATH of the computer's login shell", None
-    try:
-        p = subprocess.run([exe, query, FORMAT], stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=60)
-    except subprocess.TimeoutExpired:
-        return None, "nvidia-smi did not answer within 60 s", None
-    out = p.stdout.decode("utf-8", "replace")
-    if p.returncode != 0:
-        said = (out + p.stderr.decode("utf-8", "replace")).strip()[:400]
-        return None, said or "nvidia-smi failed", p.returncode
-    return out, None, 0
-def owner(pid):
-    try:
-        uid = os.stat("/proc/" + pid).st_uid
-    except (OSError, ValueError):
-        return [None, None]
-    try:
-        user = pwd.getpwuid(uid).pw_name
-    except KeyError:
-        user = str(uid)
-    job = None
-    try:
-        with open("/proc/" + pid + "/environ", "rb") as f:
-            for entry in f.read().split(b"\0"):
-                if entry.startswith(b"MMT_JOB_ID="):
-                    job = entry[11:].decode("ascii", "replace")
-    except OSError:
-        pass
-    return [user, job]
-while True:
-    sample = {"time": time.time()}
-    error = None
-    if want_gpus:
-        gpus, error, code = smi("--query-gpu=" + QUERY_GPU)
-        if error is None:
-            apps, error, code = smi("--query-compute-apps=" + QUERY_APPS)
-        if error is not None:
-            sample.update(error=error, exit=code)
-            want_gpus = False
-        else:
-            sample.update(gpus=gpus, apps=apps)
-            pids = set(line.split(",")[1].strip() for line in apps.splitlines() if line.count(",") >= 2)
-            sample["owners"] = dict((pid, owner(pid)) for pid in pids if pid.isdigit())
-    if state_path:
-        sample["group"] = group()
-    sys.stdout.write(json.dumps(sample) + "\n")
-    sys.stdout.flush()
-    if interval <= 0 or (error is not None and not state_path):
-        break
-    # Ends with the job: once its process group has gone, the probe goes too; and once the worker has
-    # closed its end of the stream (a hang-up on stdout), at once rather than at the next write. Both looked
-    # at 5 times a second.
-    pgid = job_pgid() if state_path else 0
-    until = time.time() + interval
-    while time.time() < until:
-        if pgid > 0 and not group_alive(pgid):
-            sys.exit(0)
-        if reader_gone.poll(int(1000 * min(0.2, max(0.0, until - time.time())))):
-            sys.exit(0)
-'''
+# The probe program (worker_agent/gpu_probe.py), run on targets by its hash.
+PROBE_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gpu_probe.py")
+PROBE = ship.Program.of_file(PROBE_PATH)
 
 
-def probe_command(python: str, interval: float, *, gpus: bool = True, state_path: str = "") -> list[str]:
+def probe_args(interval: float, *, gpus: bool = True, state_path: str = "") -> list[str]:
     """`state_path`: the job's state.json on the target, to sample its process group's CPU and memory
     too; `gpus=False` leaves nvidia-smi alone (a job without GPUs, or GPUs NVML reads on this machine)."""
-    argv = [python or "python3", "-I", "-c", PROBE, f"{interval:g}", QUERY_GPU, QUERY_APPS, FORMAT]
+    args = [f"{interval:g}", QUERY_GPU, QUERY_APPS, FORMAT]
     if state_path:  # "-": the path comes on stdin, so no job path is on the probe's command line
-        argv += ["gpus" if gpus else "nogpus", state_path]
-    return argv
+        args += ["gpus" if gpus else "nogpus", state_path]
+    return args
+
+
+def probe_stream(connection, python: str, interval: float, *, gpus: bool = True, state_path: str = "",
+                 stdin: bytes = b"", timeout: float = 15.0):
+    """The long-lived probe over `connection` (`read(n)`, `close()`, a context manager)."""
+    return ship.stream(connection, python, PROBE, probe_args(interval, gpus=gpus, state_path=state_path),
+                       stdin=stdin, timeout=timeout)
 
 
 @dataclass
@@ -377,7 +272,7 @@ def local_owner(pid: int) -> tuple[str | None, str | None]:
 
 def sample_once(connection, python: str, timeout: float = 90.0) -> Sample:
     """One sample over `connection` (`run`): for the busy check before a start."""
-    result = connection.run(probe_command(python, 0), timeout=timeout)
+    result = ship.run(connection, python, PROBE, probe_args(0), timeout=timeout)
     line = (result.stdout or b"").strip().splitlines()
     if result.exit_code != 0 or not line:
         said = (result.stderr or b"").decode("utf-8", "replace").strip()[-300:]

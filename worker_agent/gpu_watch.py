@@ -126,10 +126,10 @@ class ComputerWatch:
                 self.stop.wait(self.owner.interval)
             return None
         interval = self.owner.interval
-        argv = gpu_remote.probe_command(str(self.computer.get("python_path") or "python3"), interval)
+        python = str(self.computer.get("python_path") or "python3")
         connection = self.owner.pool.get(Target.from_api(self.computer))
         # StreamStalled (a ConnectionError) when no line came for three intervals and a minute.
-        with connection.stream(argv, timeout=3 * interval + 60) as stream:
+        with gpu_remote.probe_stream(connection, python, interval, timeout=3 * interval + 60) as stream:
             for line in gpu_remote.read_lines(stream, self.stopped):
                 sample = gpu_remote.parse_line(line)
                 if sample.error:

@@ -13,8 +13,9 @@ A job, step by step (each step written to the journal, so a worker killed at any
 where it was, and nothing runs twice):
 
 1. `claimed`: the record (lease, job token) is journaled before anything touches the target. The
-   supervisor is asked for the job's state: a job already started is re-attached, never started again.
-2. start: the target's facts and `runtimes.build_spec`, the source fetched into `<job_dir>/source`,
+   supervisor is asked for the job's state: a job already started is re-attached, never started again;
+   a job still to start gets the target's facts with that answer (one run on the target, not two).
+2. start: `runtimes.build_spec` from those facts, the source fetched into `<job_dir>/source`,
    the input dataset versions put into the computer's cache (`dataset_transfer`), then `supervisor.Remote.start` (idempotent). A refused runtime, source or spec ends the job
    `failed` with end reason `start_failed`. Heartbeats go every 5 s on their own thread from the
    claim on (`status: running` once the supervisor runs the job); `cancel_requested` in an answer
@@ -67,7 +68,8 @@ from worker_agent.remote_files import RemoteFileError, RemoteRange, fetch_source
 from worker_agent.core import outputs as core_outputs
 from worker_agent.core.lifecycle import conclude, invalid_result, send_outputs, signal_name, upload
 from worker_agent.results import WORKER_LIMIT_SETTING, too_many_files
-from worker_agent.runtimes import CONTAINER_RUNTIMES, RuntimeRefused, build_spec, read_facts
+from worker_agent.runtimes import (CONTAINER_RUNTIMES, RuntimeRefused, TargetFacts, build_spec, facts_binary,
+                                   facts_from, read_facts)
 from worker_agent.ssh import CommandTimeout, ConnectError, ConnectionPool, Target
 from worker_agent.supervisor import LogChunk, Remote, StateFrame, SupervisorError, spec_hash, workspace
 from worker_agent.telemetry import INTERVAL_SECONDS, GpuTelemetry, metric_points, same_machine
@@ -178,6 +180,7 @@ _END = object()
 class JobRunner:
     # Whether the supervisor holds the job's process until `release` (cluster replicas: ClusterRunner).
     HOLD_START = False
+    target_facts: TargetFacts | None = None  # what came with the poll before the start (keep_facts)
 
     def __init__(self, manager: JobManager, record: dict):
         self.manager = manager
@@ -356,12 +359,14 @@ class JobRunner:
             raise StartFailed("The computer has no working directory (an absolute path on the target): set one in "
                               "its settings.")
         try:
-            state = self.on_target(lambda c: self.remote(c).poll(), "asking the supervisor for the job's state")
+            state = self.on_target(lambda c: self.remote(c).poll(facts=self.facts_binary),
+                                   "asking the supervisor for the job's state")
         except SupervisorError as exc:
             if not self.started:
                 raise StartFailed(f"The job's workspace cannot be used ({exc.code}): {exc.message}") from None
             self.save(final={"status": "refused", "error": f"The job's workspace cannot be used: {exc.message}"})
             return
+        self.keep_facts(state)
         status = state.get("status")
         if status == "absent":
             if self.started:
@@ -400,9 +405,19 @@ class JobRunner:
             self.ensure_inputs()
         return spec
 
+    @property
+    def facts_binary(self) -> str:
+        return facts_binary(str(self.job.get("runtime") or "python"))
+
+    def keep_facts(self, state: dict) -> None:
+        """The target's facts that came with a poll (a job still to start): spec() needs no run of its own."""
+        if state.get("facts"):
+            self.target_facts = facts_from(state["facts"])
+
     def spec(self) -> dict:
-        runtime = str(self.job.get("runtime") or "python")
-        facts = self.on_target(lambda c: read_facts(c, python=self.python, runtime=runtime), "reading target facts")
+        facts = self.target_facts or self.on_target(
+            lambda c: read_facts(c, python=self.python, runtime=str(self.job.get("runtime") or "python")),
+            "reading target facts")
         try:
             return build_spec(self.job, facts, grace_seconds=self.config.cancel_grace, cluster=self.cluster_spec(),
                               hold=self.HOLD_START)
@@ -1045,8 +1060,10 @@ class ClusterRunner(JobRunner):
         states = {}
         for replica in self.replicas:
             try:
-                states[replica.name] = replica.on_target(lambda c, r=replica: r.remote(c).poll(),
-                                                         f"asking the supervisor of {replica.name} for its state")
+                states[replica.name] = replica.on_target(
+                    lambda c, r=replica: r.remote(c).poll(facts=r.facts_binary),
+                    f"asking the supervisor of {replica.name} for its state")
+                replica.keep_facts(states[replica.name])
             except SupervisorError as exc:
                 message = f"The replica's workspace cannot be used ({exc.code}): {exc.message}"
                 if not self.started:
@@ -1785,13 +1802,13 @@ class JobManager:
             while not over():
                 # The state path on stdin: the probe is the worker's, and nothing of the job's may outlive it
                 # under the job's workspace.
-                argv = gpu_remote.probe_command(runner.python, INTERVAL_SECONDS, gpus=gpus,
-                                                state_path="-" if state_path else "")
                 try:
                     connection = self.pool.get(Target.from_api(runner.computer))
                     # StreamStalled (a ConnectionError) when no line came for three intervals and a minute.
-                    with connection.stream(argv, stdin=f"{state_path}\n".encode() if state_path else None,
-                                           timeout=3 * INTERVAL_SECONDS + 60) as stream:
+                    with gpu_remote.probe_stream(connection, runner.python, INTERVAL_SECONDS, gpus=gpus,
+                                                 state_path="-" if state_path else "",
+                                                 stdin=f"{state_path}\n".encode() if state_path else b"",
+                                                 timeout=3 * INTERVAL_SECONDS + 60) as stream:
                         for line in gpu_remote.read_lines(stream, over):
                             sample = gpu_remote.parse_line(line)
                             if sample.error:

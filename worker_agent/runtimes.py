@@ -28,7 +28,9 @@ import re
 from dataclasses import dataclass
 
 from worker_agent import jobenv
+from worker_agent.core import ship
 from worker_agent.supervisor import DEFAULT_GRACE, spec_hash, workspace
+from worker_agent.supervisor import program as supervisor_program
 
 CONTAINER_RUNTIMES = ("apptainer", "singularity")
 REQUIRED_CONTAINER_FLAGS = ("--cleanenv", "--containall", "--no-eval", "--no-home", "--no-mount", "--pwd")
@@ -58,31 +60,23 @@ class TargetFacts:
     container_help: str | None = None  # output of `<bin> exec --help`; None when the binary is missing
 
 
-# Standard library only; argv[1] is the container binary to ask for its `exec --help`, or "".
-FACTS_SCRIPT = """\
-import json, os, subprocess, sys
-help_text = None
-if sys.argv[1:] and sys.argv[1]:
-    try:
-        ran = subprocess.run([sys.argv[1], "exec", "--help"], capture_output=True, timeout=60, stdin=subprocess.DEVNULL)
-        help_text = (ran.stdout + ran.stderr).decode("utf-8", "replace")
-    except (OSError, subprocess.TimeoutExpired):
-        help_text = None
-print(json.dumps({"uid": os.getuid(), "gid": os.getgid(), "help": help_text}))
-"""
+def facts_binary(runtime: str) -> str:
+    """The binary whose `exec --help` the facts carry: a container runtime's, or none ("")."""
+    return runtime if runtime in CONTAINER_RUNTIMES else ""
 
 
-def facts_command(python: str, runtime: str) -> list[str]:
-    return [python or "python3", "-I", "-c", FACTS_SCRIPT, runtime if runtime in CONTAINER_RUNTIMES else ""]
+def facts_from(data: dict) -> TargetFacts:
+    """TargetFacts from the supervisor's `target_facts` answer (on its own or in a poll)."""
+    return TargetFacts(uid=int(data["uid"]), gid=int(data["gid"]), container_help=data.get("help"))
 
 
 def read_facts(connection, *, python: str, runtime: str, timeout: float = 90.0) -> TargetFacts:
-    """The target user's uid/gid (for docker's --user) and the container binary's `exec --help`."""
-    ran = connection.run(facts_command(python, runtime), timeout=timeout)
+    """The target user's uid/gid (for docker's --user) and the container binary's `exec --help`, from
+    the supervisor program's `facts` command (usually they come with the poll before a start)."""
+    ran = ship.run(connection, python, supervisor_program(), ["facts", facts_binary(runtime)], timeout=timeout)
     try:
-        data = json.loads(ran.stdout.decode("utf-8").strip().splitlines()[-1])
-        return TargetFacts(uid=int(data["uid"]), gid=int(data["gid"]), container_help=data.get("help"))
-    except (ValueError, KeyError, IndexError, TypeError):
+        return facts_from(json.loads(ran.stdout.decode("utf-8").strip().splitlines()[-1]))
+    except (ValueError, IndexError, KeyError, TypeError):
         raise RuntimeRefused("python_missing", f"The target's Python ({python or 'python3'}) could not run a "
                                                "standard-library script; run the connection check.") from None
 

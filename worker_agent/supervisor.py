@@ -9,14 +9,19 @@ JSON object on stdout (exit 0; a refusal prints `{"error", "code"}` and exits 3)
                        (flock): an existing state.json must belong to the same job, lease and spec
                        hash, and is returned instead of starting twice (anything else is refused with
                        `state_mismatch`). Otherwise writes spec.json (0600: it holds the job token),
-                       the files of the spec, a copy of this program, and spawns the supervisor daemon
-                       in a new session (stdin /dev/null, SIGHUP ignored), so an SSH drop or a worker
-                       restart does not touch it.
-    poll   <job_dir>   the state. Liveness is decided by process identity `<boot_id>:<start time>`
+                       the files of the spec, a copy of this program, and forks the supervisor daemon
+                       into a new session (stdin /dev/null, SIGHUP ignored), so an SSH drop or a worker
+                       restart does not touch it (a recovery spawns the workspace's copy instead).
+    poll   <job_dir> [--facts=<container binary>]
+                       the state. Liveness is decided by process identity `<boot_id>:<start time>`
                        from /proc/<pid>/stat, so a reused PID never counts as alive. If the supervisor
                        is gone before writing an end state, the status is `unknown` (`stored_status`
                        keeps what it last wrote; `process_alive` says whether the job's process still
-                       runs); the job is never started again (see "Recovery").
+                       runs); the job is never started again (see "Recovery"). With --facts, a job
+                       still to start (absent, or recoverable) also gets the target's `facts` (below),
+                       so the worker learns both in one run.
+    facts  <container binary or "">
+                       the target user's uid/gid and `<binary> exec --help` (runtimes.read_facts).
     release <job_dir>  for a spec with `hold` (the replicas of a cluster job): lets the job's process
                        start. Such a supervisor prepares (venv, `docker container create`), then says
                        `held: true` (status still `starting`, `prepared_at` set) and waits for this, so
@@ -62,10 +67,11 @@ old `docker start -a` client, or `docker attach`es; it never starts a container 
 before) and for a job whose process was never spawned (the supervisor died while preparing). A host
 process whose supervisor is gone stays `unknown`; `cancel` can still stop it.
 
-The second half of this file is the worker's side (`Remote`, `FrameReader`, `open_stream`): how the
-worker sends this program with each command (`python3 -I -c BOOT <cmd> <job_dir> …`, the program on
-stdin, NUL, then the command's payload), so a workspace always runs the program that started it
-(the daemon runs the copy in the workspace) and no stale copy is ever needed for poll or follow."""
+The second half of this file is the worker's side (`Remote`, `FrameReader`): the worker runs each
+command by this program's sha256 (worker_agent.core.ship: the target keeps a copy per content under
+~/.cache/mado/programs and gets the program only when it lacks it), stdin the command's payload, so
+each command runs the very program the worker has, and a workspace's daemon runs the copy that
+started it (supervisor.py in the workspace)."""
 from __future__ import annotations
 
 import fcntl
@@ -73,7 +79,6 @@ import hashlib
 import json
 import os
 import re
-import shlex
 import shutil
 import signal
 import stat
@@ -447,7 +452,40 @@ def spawn_daemon(job_dir: str, *, recover: bool) -> subprocess.Popen:
         os.close(log)
 
 
-def cmd_start(job_dir: str, payload: bytes, source: bytes) -> dict:
+def fork_daemon(job_dir: str) -> int:
+    """The daemon as a fork of this start command: the program is loaded already, so a job starts without
+    a second Python and a second compile. Detached as spawn_daemon's: its own session, stdin /dev/null,
+    output into supervisor.log, no other descriptor kept (the start lock, the SSH channel's pipes). Only
+    for a single-threaded caller (the `start` command; the site runner spawns instead)."""
+    log = open_log(os.path.join(job_dir, SUPERVISOR_LOG))
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid:
+        os.close(log)
+        return pid
+    code = 1
+    try:
+        os.setsid()
+        devnull = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(devnull, 0)
+        os.dup2(log, 1)
+        os.dup2(log, 2)
+        os.closerange(3, max(256, os.sysconf("SC_OPEN_MAX")))  # the start lock above all: kept, it deadlocks run
+        os.chdir(job_dir)
+        code = cmd_run(job_dir, False)
+    except BaseException:  # noqa: BLE001 -- into supervisor.log; poll then finds the supervisor gone
+        import traceback
+        traceback.print_exc()
+    finally:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(code)
+
+
+def cmd_start(job_dir: str, payload: bytes, source: bytes, *, fork: bool = False) -> dict:
     try:
         spec = validate_spec(json.loads(payload.decode("utf-8")))
     except ValueError:
@@ -483,13 +521,13 @@ def cmd_start(job_dir: str, payload: bytes, source: bytes) -> dict:
             parts = entry["path"].split("/")
             parent = checked_dirs(job_dir, parts[:-1], create=True)
             write_file(os.path.join(parent, parts[-1]), entry["content"].encode("utf-8"), int(entry.get("mode", 0o600)))
-        daemon = spawn_daemon(job_dir, recover=False)
+        daemon = fork_daemon(job_dir) if fork else spawn_daemon(job_dir, recover=False).pid
         now = time.time()
         state = {"format": FORMAT, "job_id": spec["job_id"], "lease_id": spec["lease_id"], "spec_hash": digest,
                  "runtime": spec["runtime"], "status": "starting", "pid": None, "pgid": None, "identity": None,
                  "exit_code": None, "signal": None, "error": None, "error_code": None, "created_at": now,
                  "started_at": None, "ended_at": None, "updated_at": now, "boot_id": boot_id(), "recoveries": 0,
-                 "supervisor": {"pid": daemon.pid, "identity": identity(daemon.pid)}}
+                 "supervisor": {"pid": daemon, "identity": identity(daemon)}}
         if spec["runtime"] == "docker":
             state["docker"] = {"name": spec["docker"]["name"], "created": False, "started": False}
         write_json(state_path, state)
@@ -993,14 +1031,30 @@ def cmd_run(job_dir: str, recover: bool) -> int:
 
 # -- poll, cancel -------------------------------------------------------------------------------
 
-def cmd_poll(job_dir: str) -> dict:
+def cmd_poll(job_dir: str, facts_binary: str | None = None) -> dict:
     try:
         job_dir = existing_job_dir(job_dir)
+        state = describe(job_dir, read_json(os.path.join(job_dir, STATE_FILE)))
     except Refused as exc:
-        if exc.code == "absent":
-            return {"status": "absent", "job_dir": job_dir}
-        raise
-    return describe(job_dir, read_json(os.path.join(job_dir, STATE_FILE)))
+        if exc.code != "absent":
+            raise
+        state = {"status": "absent", "job_dir": job_dir}
+    if facts_binary is not None and (state["status"] == "absent" or state.get("recoverable")):
+        state["facts"] = target_facts(facts_binary)
+    return state
+
+
+def target_facts(binary: str) -> dict:
+    """The target user's uid/gid (docker's --user) and `<binary> exec --help` (a container runtime's
+    flags; None when it is missing or no binary was named)."""
+    help_text = None
+    if binary:
+        try:
+            ran = subprocess.run([binary, "exec", "--help"], capture_output=True, timeout=60, stdin=subprocess.DEVNULL)
+            help_text = (ran.stdout + ran.stderr).decode("utf-8", "replace")
+        except (OSError, subprocess.TimeoutExpired):
+            help_text = None
+    return {"uid": os.getuid(), "gid": os.getgid(), "help": help_text}
 
 
 def cmd_release(job_dir: str) -> dict:
@@ -1278,9 +1332,10 @@ def cmd_follow(job_dir: str, stdout_offset: int, stderr_offset: int) -> int:
 
 # -- entry point --------------------------------------------------------------------------------
 
-def main(args: list[str], payload: bytes | None = None, source: bytes | None = None) -> int:
+def main(args: list[str]) -> int:
     if len(args) < 2:
-        print("usage: supervisor.py start|poll|release|cancel|follow|run <job_dir> [...]", file=sys.stderr)
+        print("usage: supervisor.py start|poll|release|cancel|follow|run <job_dir> [...] | facts <binary>",
+              file=sys.stderr)
         return 2
     command, job_dir = args[0], args[1]
     try:
@@ -1289,14 +1344,12 @@ def main(args: list[str], payload: bytes | None = None, source: bytes | None = N
         if command == "follow":
             return cmd_follow(job_dir, int(args[2]) if len(args) > 2 else 0, int(args[3]) if len(args) > 3 else 0)
         if command == "start":
-            if payload is None:
-                payload = sys.stdin.buffer.read()
-            if source is None:
-                with open(os.path.abspath(__file__), "rb") as f:
-                    source = f.read()
-            result = cmd_start(job_dir, payload, source)
+            result = cmd_start(job_dir, sys.stdin.buffer.read(), program_source(), fork=True)
         elif command == "poll":
-            result = cmd_poll(job_dir)
+            facts = [a.removeprefix("--facts=") for a in args[2:] if a.startswith("--facts=")]
+            result = cmd_poll(job_dir, facts[0] if facts else None)
+        elif command == "facts":
+            result = target_facts(args[1])
         elif command == "cancel":
             result = cmd_cancel(job_dir, float(args[2]) if len(args) > 2 else None)
         elif command == "release":
@@ -1313,14 +1366,12 @@ def main(args: list[str], payload: bytes | None = None, source: bytes | None = N
 
 # ================================================================================================
 # The worker's side: how to run the commands above over a connection (worker_agent.ssh.Connection
-# or LocalConnection, duck-typed: `run(argv, stdin=, timeout=)` returning exit_code/stdout/stderr).
+# or LocalConnection, duck-typed: `run(argv, stdin=, timeout=)` returning exit_code/stdout/stderr, and
+# `stream(argv, stdin=, timeout=)` for follow).
 # ================================================================================================
 
-# `python3 -I -c BOOT <cmd> <job_dir> …` with stdin = this program, NUL, the command's payload.
-BOOT = ("import sys;d=sys.stdin.buffer.read();s,_,p=d.partition(b'\\0');g={'__name__':'mmt_supervisor'};"
-        "exec(compile(s,'mmt-supervisor','exec'),g);sys.exit(g['main'](sys.argv[1:],p,s))")
-
 _source: bytes | None = None
+_program = None
 
 
 def program_source() -> bytes:
@@ -1331,16 +1382,17 @@ def program_source() -> bytes:
     return _source
 
 
+def program():
+    """This file as a worker_agent.core.ship.Program: what each command runs by its hash."""
+    global _program
+    if _program is None:
+        from worker_agent.core import ship  # here, not at the top: on a target this file runs alone
+        _program = ship.Program(program_source(), PROGRAM_FILE)
+    return _program
+
+
 def workspace(working_dir: str, job_id) -> str:
     return f"{working_dir.rstrip('/')}/.mmt/jobs/{job_id}"
-
-
-def remote_command(python: str, command: str, job_dir: str, *args) -> list[str]:
-    return [python or "python3", "-I", "-c", BOOT, command, job_dir, *[str(a) for a in args]]
-
-
-def remote_stdin(payload: bytes = b"") -> bytes:
-    return program_source() + b"\0" + payload
 
 
 class SupervisorError(Exception):
@@ -1431,56 +1483,6 @@ class FrameReader:
                     return
 
 
-class _ChannelStream:
-    def __init__(self, channel, timeout: float):
-        self.channel = channel
-        channel.settimeout(timeout)
-
-    def read(self, n: int) -> bytes:
-        try:
-            return self.channel.recv(n)
-        except OSError as exc:  # socket.timeout included: no keepalive within the timeout
-            raise StreamBroken(f"The follow stream stalled: {exc}") from None
-
-    def close(self) -> None:
-        self.channel.close()
-
-
-class _ProcessStream:
-    def __init__(self, proc: subprocess.Popen):
-        self.proc = proc
-
-    def read(self, n: int) -> bytes:
-        return self.proc.stdout.read1(n)
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-        self.proc.stdout.close()
-        self.proc.wait()
-
-
-def open_stream(connection, argv: list[str], stdin: bytes, *, timeout: float = 3 * KEEPALIVE_SECONDS):
-    """A long-lived command whose stdout is read as it comes: `read(n)`, `close()`.
-
-    Uses `connection.stream(argv, stdin=…, timeout=…)` when the connection offers it; otherwise a channel
-    of `worker_agent.ssh.Connection` (its `_channel()`), or a local process for `LocalConnection`."""
-    stream = getattr(connection, "stream", None)
-    if callable(stream):
-        return stream(argv, stdin=stdin, timeout=timeout)
-    if hasattr(connection, "_channel"):
-        channel = connection._channel()
-        channel.exec_command(shlex.join(argv))
-        channel.sendall(stdin)
-        channel.shutdown_write()
-        return _ChannelStream(channel, timeout)
-    proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                            env=getattr(connection, "env", None), start_new_session=True)
-    proc.stdin.write(stdin)
-    proc.stdin.close()
-    return _ProcessStream(proc)
-
-
 class Follow:
     """Iterate for LogChunk and StateFrame items; ends after the final state frame. `close()` any time."""
 
@@ -1514,8 +1516,10 @@ class Remote:
         self.timeout = timeout
 
     def _call(self, command: str, *args, payload: bytes = b"", timeout: float | None = None) -> dict:
-        ran = self.connection.run(remote_command(self.python, command, self.job_dir, *args),
-                                  stdin=remote_stdin(payload), timeout=timeout or self.timeout)
+        from worker_agent.core import ship  # see program()
+
+        ran = ship.run(self.connection, self.python, program(), [command, self.job_dir, *args], stdin=payload,
+                       timeout=timeout or self.timeout)
         try:
             answer = json.loads(ran.stdout.decode("utf-8").strip().splitlines()[-1])
         except (ValueError, IndexError):
@@ -1532,8 +1536,10 @@ class Remote:
         """Start the job, or return the state of the same start done before (`started` tells which)."""
         return self._call("start", payload=json.dumps(spec).encode("utf-8"))
 
-    def poll(self) -> dict:
-        return self._call("poll")
+    def poll(self, *, facts: str | None = None) -> dict:
+        """The job's state; with `facts` (a container binary, or "" for none) a job still to start also
+        brings the target's facts (`target_facts`), saving a run of its own."""
+        return self._call("poll", *([] if facts is None else [f"--facts={facts}"]))
 
     def release(self) -> dict:
         """Let a supervisor started with `hold` start the job's process (idempotent)."""
@@ -1548,8 +1554,10 @@ class Remote:
     def follow(self, stdout_offset: int = 0, stderr_offset: int = 0, *, timeout: float = 3 * KEEPALIVE_SECONDS) -> Follow:
         """Both logs from the given byte offsets until the job has ended; resume with the offsets of the
         last chunk received (`chunk.end`) after StreamBroken or a reconnect."""
-        argv = remote_command(self.python, "follow", self.job_dir, int(stdout_offset), int(stderr_offset))
-        return Follow(open_stream(self.connection, argv, remote_stdin(), timeout=timeout))
+        from worker_agent.core import ship  # see program()
+
+        args = ["follow", self.job_dir, int(stdout_offset), int(stderr_offset)]
+        return Follow(ship.stream(self.connection, self.python, program(), args, timeout=timeout))
 
 
 if __name__ == "__main__":

@@ -469,6 +469,17 @@ def test_follow_of_a_missing_workspace_ends_at_once(working_dir):
     assert chunks == [] and final["status"] == "absent"
 
 
+def test_the_poll_before_a_start_brings_the_targets_facts_and_the_workspace_keeps_the_program(working_dir):
+    remote = Remote(LocalConnection(), working_dir=str(working_dir), job_id="23", python=PYTHON)
+    absent = remote.poll(facts="")
+    assert absent["status"] == "absent"
+    assert absent["facts"] == {"uid": os.getuid(), "gid": os.getgid(), "help": None}
+    remote.start(process_spec(working_dir, job_id="23", script="print('x')"))
+    assert "facts" not in remote.poll(facts="")  # started: there is no spec to build
+    # The daemon runs (and a recovery reattaches with) the workspace's copy: the worker's very program.
+    assert Path(remote.job_dir, "supervisor.py").read_bytes() == supervisor.program_source()
+
+
 @pytest.mark.parametrize("text", ["abc", "ü", "€", "😀", "aü€😀"])
 def test_utf8_cut_never_splits_a_character(text):
     data = text.encode()

@@ -22,6 +22,11 @@ CPU_LOAD = ("import time\nheld = bytearray(256 * 2**20)\nfor i in range(0, len(h
             "print('ready', flush=True)\nend = time.time() + 40\nwhile time.time() < end:\n    pass\n")
 
 
+def probe_argv(interval: float, **options) -> list[str]:
+    """The GPU probe run straight from the package (the worker ships the same file by its hash)."""
+    return [sys.executable, "-I", gpu_remote.PROBE_PATH, *gpu_remote.probe_args(interval, **options)]
+
+
 def main() -> None:
     print(subprocess.run("nvidia-smi -L", shell=True, capture_output=True, text=True).stdout.strip())
     if importlib.util.find_spec("torch") is not None:
@@ -32,7 +37,7 @@ def main() -> None:
     job = subprocess.Popen([sys.executable, "-c", load], stdout=subprocess.PIPE, start_new_session=True)
     try:
         print("job:", job.stdout.readline().decode().strip(), "pid", job.pid)
-        once = subprocess.run(gpu_remote.probe_command(sys.executable, 0), capture_output=True, timeout=120)
+        once = subprocess.run(probe_argv(0), capture_output=True, timeout=120)
         sample = gpu_remote.parse_line(once.stdout.strip().splitlines()[-1])
         print("busy check: error", sample.error, "gpus", [(g.index, g.utilization, g.memory_used) for g in sample.gpus])
         print("processes", [(p.pid, p.user, p.job_id, p.used_memory) for p in sample.processes])
@@ -42,8 +47,7 @@ def main() -> None:
             state = os.path.join(tmp, "state.json")
             with open(state, "w") as f:
                 json.dump({"pgid": job.pid, "pid": job.pid}, f)
-            argv = gpu_remote.probe_command(sys.executable, 2, gpus=True, state_path=state)
-            probe = subprocess.Popen(argv, stdout=subprocess.PIPE)
+            probe = subprocess.Popen(probe_argv(2, gpus=True, state_path=state), stdout=subprocess.PIPE)
             before, started = None, time.perf_counter()
             for step in range(4):
                 line = probe.stdout.readline()
@@ -65,7 +69,7 @@ def watch(sample) -> None:
     """The GPU watch (worker_agent.gpu_watch) with the job's process still on GPU 0: what the worker would
     post to worker/computers/{id}/gpus, read through the long-lived probe and through NVML."""
     ids = [g.index for g in sample.gpus] + ["99"]  # 99: registered, but not on this machine
-    probe = subprocess.Popen(gpu_remote.probe_command(sys.executable, 1), stdout=subprocess.PIPE)
+    probe = subprocess.Popen(probe_argv(1), stdout=subprocess.PIPE)
     try:
         for step in range(2):
             line = probe.stdout.readline()

@@ -80,7 +80,7 @@ def test_no_gpus_and_no_nvidia_smi_are_reasons_not_readings(smi):
 
 def test_telemetry_is_one_long_lived_command_printing_a_line_per_interval(smi):
     lines = []
-    with local(smi).stream(gpu_remote.probe_command("/usr/bin/python3", 0.05), timeout=30) as stream:
+    with gpu_remote.probe_stream(local(smi), "/usr/bin/python3", 0.05, timeout=30) as stream:
         for line in gpu_remote.read_lines(stream, lambda: len(lines) >= 4):
             lines.append(gpu_remote.parse_line(line))
         pid = stream.proc.pid
@@ -107,8 +107,8 @@ def test_the_probe_reads_cpu_and_memory_of_the_jobs_process_group_and_goes_on_wi
         state = tmp_path / "state.json"
         state.write_text(f'{{"status": "running", "pid": {job.pid}, "pgid": {job.pid}}}')
         samples = []
-        argv = gpu_remote.probe_command("/usr/bin/python3", 0.3, gpus=True, state_path=str(state))
-        with local(tmp_path, with_smi=False).stream(argv, timeout=30) as stream:
+        with gpu_remote.probe_stream(local(tmp_path, with_smi=False), "/usr/bin/python3", 0.3, gpus=True,
+                                     state_path=str(state), timeout=30) as stream:
             for line in gpu_remote.read_lines(stream, lambda: len(samples) >= 4):
                 samples.append(gpu_remote.parse_line(line))
     finally:

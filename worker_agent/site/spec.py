@@ -32,8 +32,8 @@ BUNDLE = (
     "worker_agent/__init__.py", "worker_agent/supervisor.py", "worker_agent/runtimes.py", "worker_agent/jobenv.py",
     "worker_agent/results.py", "worker_agent/authorized_keys.py", "worker_agent/replica_ssh.py",
     "worker_agent/core/__init__.py", "worker_agent/core/api.py",
-    "worker_agent/core/lifecycle.py", "worker_agent/core/outputs.py", "worker_agent/core/source.py",
-    "worker_agent/core/tokens.py",
+    "worker_agent/core/lifecycle.py", "worker_agent/core/outputs.py", "worker_agent/core/ship.py",
+    "worker_agent/core/source.py", "worker_agent/core/tokens.py",
     "worker_agent/site/__init__.py", "worker_agent/site/runner.py",
 )
 RUNNER_IN_LIB = "lib/worker_agent/site/runner.py"
