@@ -26,11 +26,20 @@ def group(state_path):
         return {"error": repr(exc)[:200]}
 
 
-def job_pgid(state_path):
+def job_state(state_path):
+    """The supervisor's state.json of the job ({} while there is none to read)."""
     try:
         with open(state_path) as f:
-            return int(json.load(f).get("pgid") or 0)
-    except (OSError, ValueError, TypeError, AttributeError):
+            state = json.load(f)
+    except (OSError, ValueError):
+        return {}
+    return state if isinstance(state, dict) else {}
+
+
+def job_pgid(state_path, state=None):
+    try:
+        return int((job_state(state_path) if state is None else state).get("pgid") or 0)
+    except (ValueError, TypeError):
         return 0
 
 
@@ -45,8 +54,11 @@ def group_alive(pgid):
 
 
 def read_group(state_path):
-    pgid = job_pgid(state_path)
-    if pgid <= 0:
+    state = job_state(state_path)
+    pgid = job_pgid(state_path, state)
+    # A Docker Job's group is the docker client's: the container's processes are the daemon's children, so
+    # its CPU and memory are not the group's (docs/gpus.md: Docker Jobs report neither).
+    if pgid <= 0 or state.get("runtime") == "docker":
         return None
     ticks = rss = count = 0
     for name in os.listdir("/proc"):

@@ -4,6 +4,7 @@ fails when nvidia-smi finds no GPU or is missing, and that telemetry is one long
 from __future__ import annotations
 
 import getpass
+import json
 import os
 import subprocess
 
@@ -133,3 +134,28 @@ def test_cpu_is_percent_of_one_core_from_two_samples_and_never_negative():
         "system/memory/rss_bytes": 7.0, "system/cpu/utilization": 200.0}
     assert gpu_remote.host_points(a_child_ended, two_cores, 3, stamp)[1]["value"] == 0.0
     assert gpu_remote.host_points(None, before, 4, stamp) == []
+
+
+def test_a_docker_jobs_group_is_the_docker_clients_and_is_not_reported_as_the_jobs(tmp_path):
+    """A Docker Job's process group is the `docker run` client's, not the container's (its processes are the
+    daemon's children): sampling it would show the client's few MiB as the job's memory. The probe reports
+    no group for it (docs/gpus.md), while the same group as a Python Job's is read."""
+    client = subprocess.Popen(["/usr/bin/python3", "-c", BURN], stdout=subprocess.PIPE, start_new_session=True)
+    try:
+        assert client.stdout.readline() == b"ready\n"
+        groups = {}
+        for runtime in ("docker", "python"):
+            state = tmp_path / f"{runtime}.json"
+            state.write_text(json.dumps({"status": "running", "runtime": runtime, "pid": client.pid,
+                                         "pgid": client.pid}))
+            samples = []
+            with gpu_remote.probe_stream(local(tmp_path, with_smi=False), "/usr/bin/python3", 0.3, gpus=False,
+                                         state_path=str(state), timeout=30) as stream:
+                for line in gpu_remote.read_lines(stream, lambda: len(samples) >= 2):
+                    samples.append(gpu_remote.parse_line(line))
+            groups[runtime] = [s.group for s in samples]
+    finally:
+        client.kill()
+        client.wait()
+    assert groups["docker"] == [None, None]
+    assert all(group.processes == 1 and group.rss >= 64 * 2**20 for group in groups["python"])
