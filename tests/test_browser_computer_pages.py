@@ -9,7 +9,7 @@ import os
 import pytest
 
 from computers.models import ComputeTarget
-from tests.browser import chromium_page  # noqa: F401  (fixture)
+from tests.browser import chromium_page, sign_in  # noqa: F401  (chromium_page: fixture)
 
 os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
 
@@ -28,10 +28,7 @@ def test_page_2_of_the_list_stays_on_page_2_through_enable_details_and_reload_in
         for i in range(60))
     browser = chromium_page
     page = browser.page
-    browser.goto("/login/?next=/settings/computers/")
-    page.fill("#id_username", "root")
-    page.fill("#id_password", "root-pass-123")
-    page.get_by_role("button", name="Sign in").click()
+    sign_in(browser, "root", "root-pass-123", next_path="/settings/computers/")
     pager = page.locator("#computer-list nav.pager")
     expect(pager).to_contain_text("Page 1 of 2")
     expect(page.locator("#computer-list tbody tr")).to_have_count(50)

@@ -36,9 +36,9 @@ def job_state(state_path):
     return state if isinstance(state, dict) else {}
 
 
-def job_pgid(state_path, state=None):
+def job_pgid(state):
     try:
-        return int((job_state(state_path) if state is None else state).get("pgid") or 0)
+        return int(state.get("pgid") or 0)
     except (ValueError, TypeError):
         return 0
 
@@ -55,7 +55,7 @@ def group_alive(pgid):
 
 def read_group(state_path):
     state = job_state(state_path)
-    pgid = job_pgid(state_path, state)
+    pgid = job_pgid(state)
     # A Docker Job's group is the docker client's: the container's processes are the daemon's children, so
     # its CPU and memory are not the group's (docs/gpus.md: Docker Jobs report neither).
     if pgid <= 0 or state.get("runtime") == "docker":
@@ -144,7 +144,7 @@ def main(argv):
         # Ends with the job: once its process group has gone, the probe goes too; and once the worker has
         # closed its end of the stream (a hang-up on stdout), at once rather than at the next write. Both
         # looked at 5 times a second.
-        pgid = job_pgid(state_path) if state_path else 0
+        pgid = job_pgid(job_state(state_path)) if state_path else 0
         until = time.time() + interval
         while time.time() < until:
             if pgid > 0 and not group_alive(pgid):

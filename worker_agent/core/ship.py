@@ -96,28 +96,33 @@ _present = weakref.WeakKeyDictionary()  # connection -> sha256s sent or found th
 _lock = threading.Lock()
 
 
+def _hashes(connection):
+    """Under _lock: the sha256s sent or found on `connection`; None for a connection that cannot be weakly
+    referenced (never assumed to have a program)."""
+    try:
+        return _present.setdefault(connection, set())
+    except TypeError:
+        return None
+
+
 def known(connection, program):
     with _lock:
-        try:
-            return program.sha256 in _present.get(connection, ())
-        except TypeError:  # a connection that cannot be weakly referenced: never assumed to have it
-            return False
+        hashes = _hashes(connection)
+        return hashes is not None and program.sha256 in hashes
 
 
 def remember(connection, program):
     with _lock:
-        try:
-            _present.setdefault(connection, set()).add(program.sha256)
-        except TypeError:
-            pass
+        hashes = _hashes(connection)
+        if hashes is not None:
+            hashes.add(program.sha256)
 
 
 def forget(connection, program):
     with _lock:
-        try:
-            _present.get(connection, set()).discard(program.sha256)
-        except TypeError:
-            pass
+        hashes = _hashes(connection)
+        if hashes is not None:
+            hashes.discard(program.sha256)
 
 
 def is_missing(ran):
