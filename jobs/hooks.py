@@ -73,13 +73,22 @@ def run_after_start(job) -> None:
 
 # The claim payload ---------------------------------------------------------------------------------
 # What the apps above jobs add to the job a worker or site runner receives (jobs.serializers.
-# worker_job_payload): callback(job) -> dict of extra fields (tracking: run_id, experiment_id).
+# worker_job_payload): callback(job) -> dict of extra fields (tracking: run_id, experiment_id). `reads`
+# names the Job's one-to-one relations the callback follows: a claim selects them along with its job
+# (jobs.services._pick), so the payload costs the claim no query.
 
 _claim_payload: dict[str, Callable[..., dict]] = {}
+_claim_reads: dict[str, tuple[str, ...]] = {}
 
 
-def register_claim_payload(name: str, callback: Callable[..., dict]) -> None:
+def register_claim_payload(name: str, callback: Callable[..., dict], *, reads: tuple[str, ...] = ()) -> None:
     _claim_payload[name] = callback
+    _claim_reads[name] = tuple(reads)
+
+
+def claim_reads() -> list[str]:
+    """The relations a claim selects along with its job for the payload callbacks."""
+    return sorted({relation for reads in _claim_reads.values() for relation in reads})
 
 
 def claim_payload(job) -> dict:

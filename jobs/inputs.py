@@ -11,15 +11,18 @@ The provider's functions:
   claim_payload(job) -> list           the claim's `input_datasets` (what a worker fetches)
   page_versions(job) -> list           the job page's Inputs panel
   choices(user, project) -> list       the New job form's picker: (value, label) pairs
-  prefetch: str                        what a list of jobs prefetches so that summary() costs no query a job
+  prefetch: str                        what a list of jobs prefetches so that summary() costs no query a job;
+                                       its first part is the relation from Job to its inputs (any_of_job)
   max_count: int                       how many inputs a job may read (the API schema's maxItems)"""
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Callable
 
+from django.db.models import Exists, Value
 from django.utils.translation import gettext as _
 
+from jobs.models import Job
 from mado.errors import ServiceError
 
 FIELD = "input_datasets"
@@ -84,6 +87,15 @@ def choices(user, project) -> list:
 def prefetch_lookups() -> tuple[str, ...]:
     """For a list of jobs: `.prefetch_related(*inputs.prefetch_lookups())`."""
     return (_provider.prefetch,) if _provider is not None else ()
+
+
+def any_of_job(job_ref):
+    """An expression: whether the Job at `job_ref` (an OuterRef or F of its pk) reads any input. A claim
+    selects it along with the job, so that a job without inputs answers input_datasets with no query."""
+    if _provider is None:
+        return Value(False)
+    relation = _provider.prefetch.split("__")[0]
+    return Exists(Job.objects.filter(pk=job_ref, **{relation + "__isnull": False}))
 
 
 def max_count() -> int | None:

@@ -291,27 +291,18 @@ def _pick(worker: Worker, active_job_ids: list[int], tried: list[int]) -> Job | 
     computer FOR UPDATE SKIP LOCKED: a job or computer another claim is busy with is passed over, not
     waited for, so claims on different computers run side by side and never wait on each other in a
     cycle. Along with it in the same statement: what the token, the audit row and the answer need (its
-    project, creator and computer; the rows one-to-one with it, such as tracking's Run; whether it has
-    inputs) and how the worker's held jobs compare with `active_job_ids` (held_lost, held_listed). A
+    project, creator and computer; the rows the claim payload reads, jobs.hooks.claim_reads, such as
+    tracking's Run; whether it has inputs) and how the worker's held jobs compare with `active_job_ids` (held_lost, held_listed). A
     multi-node job reads its compute group when it is placed: each join costs the planner on every claim."""
     held = Job.objects.filter(worker=worker, status__in=HELD_STATUSES).order_by()
     listed = held.filter(pk__in=active_job_ids).values("worker").annotate(n=Count("pk")).values("n")
-    one_to_one = [relation.name for relation in Job._meta.related_objects if relation.one_to_one]
     return (_claimable(worker).filter(Q(cluster_size__gt=1) | cluster.fits_now()).exclude(pk__in=tried)
             .select_for_update(skip_locked=True, of=("self", "target"))
-            .select_related("created_by", "project", "target", *one_to_one)
+            .select_related("created_by", "project", "target", *hooks.claim_reads())
             .annotate(held_lost=Exists(held.filter(status=JobStatus.CLAIMED).exclude(pk__in=active_job_ids)),
                       held_listed=Coalesce(Subquery(listed), 0) if active_job_ids else Value(0),
-                      has_inputs=_has_inputs())
+                      has_inputs=inputs.any_of_job(OuterRef("pk")))
             .first())
-
-
-def _has_inputs():
-    """Whether a job reads inputs (jobs.inputs): without any, the answer's input_datasets need no query."""
-    lookups = inputs.prefetch_lookups()
-    if not lookups:
-        return Value(False)
-    return Exists(Job.objects.filter(pk=OuterRef("pk"), **{lookups[0].split("__")[0] + "__isnull": False}))
 
 
 def _claim_on_its_computer(worker: Worker, job: Job) -> tuple[Job, str] | None:

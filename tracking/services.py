@@ -129,8 +129,8 @@ def start_job_run(job) -> None:
 
 def claim_payload(job) -> dict:
     """jobs.hooks claim-payload callback: the Run the worker points MLflow at. A claim reads the Run along
-    with its job (the rows one-to-one with a Job come with the claim's pick, jobs.services._pick), so this
-    costs it no query; a resume or a site's runner reads it here."""
+    with its job (registered as `reads=("run",)`), so this costs it no query; a resume or a site's runner
+    reads it here."""
     try:
         run = job.run
     except Run.DoesNotExist:  # a Job from before Runs existed
