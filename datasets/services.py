@@ -5,7 +5,6 @@ outputs into versions.
 Bytes are streamed to disk outside database transactions (jobs.storage); rows change in short ones."""
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import re
@@ -364,20 +363,11 @@ def _upload_member(version, member, path: str, wanted: dict, count: int) -> tupl
 
 def _receive_member(source, part: Path, target: Path, path: str, sha: str) -> None:
     """One member's bytes into `target`, through `part`, if they match `sha`."""
-    digest = hashlib.sha256()
-    try:
-        with open(part, "wb") as out:
-            for block in iter(lambda: source.read(storage.CHUNK), b""):
-                digest.update(block)
-                out.write(block)
-        if digest.hexdigest() != sha:
-            raise ServiceError(f"The bytes of {path} do not match its sha256 in the manifest; the server dropped them "
-                               "and kept the files before it. Check that the file did not change since it was "
-                               "hashed, then upload again (the CLI hashes every file anew).", "sha256_mismatch",
-                               fields={"path": [path]})
-        os.replace(part, target)
-    finally:
-        storage.remove(part)
+    if not storage.keep_if_hash(source, part, target, sha):
+        raise ServiceError(f"The bytes of {path} do not match its sha256 in the manifest; the server dropped them "
+                           "and kept the files before it. Check that the file did not change since it was "
+                           "hashed, then upload again (the CLI hashes every file anew).", "sha256_mismatch",
+                           fields={"path": [path]})
 
 
 def _mark_stored(pks: list[int], prefix: str) -> None:

@@ -3,7 +3,6 @@
 Uploads are streamed to disk outside any database transaction; rows are updated in short ones."""
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -364,23 +363,13 @@ def _skip(readable, size: int, path: str) -> None:
 
 def _receive_entry(readable, part: Path, target: Path, path: str, size: int, digest: str) -> None:
     """`size` bytes of the body into `target`, through `part`, if they match `digest`."""
-    hasher = hashlib.sha256()
-    left = size
     try:
-        with open(part, "wb") as out:
-            while left > 0:
-                block = readable.read(min(left, storage.CHUNK))
-                if not block:
-                    raise _truncated(path)
-                hasher.update(block)
-                out.write(block)
-                left -= len(block)
-        if hasher.hexdigest() != digest:
-            raise ServiceError(_("The bytes of %(path)s do not match its declared sha256; upload it again.")
-                               % {"path": path}, "sha256_mismatch")
-        os.replace(part, target)
-    finally:
-        storage.remove(part)
+        kept = storage.keep_if_hash(readable, part, target, digest, size=size)
+    except EOFError:
+        raise _truncated(path) from None
+    if not kept:
+        raise ServiceError(_("The bytes of %(path)s do not match its declared sha256; upload it again.")
+                           % {"path": path}, "sha256_mismatch")
 
 
 def _mark_complete(pks: list[int], prefix: str) -> None:

@@ -30,6 +30,32 @@ def receive(readable, destination: Path, *, limit: int, append: bool = False) ->
     return written
 
 
+def keep_if_hash(readable, part: Path, target: Path, sha256: str, *, size: int | None = None) -> bool:
+    """Write `readable`'s bytes (to its end, or exactly `size` of them) to `part`, then move them to
+    `target` if they hash to `sha256`: True. Bytes that do not match are removed, `target` untouched:
+    False. A body that ends before `size` raises EOFError (nothing kept)."""
+    digest = hashlib.sha256()
+    left = size
+    try:
+        with open(part, "wb") as out:
+            while left is None or left > 0:
+                block = readable.read(CHUNK if left is None else min(left, CHUNK))
+                if not block:
+                    if left is None:
+                        break
+                    raise EOFError(f"{left} bytes short")
+                digest.update(block)
+                out.write(block)
+                if left is not None:
+                    left -= len(block)
+        if digest.hexdigest() != sha256:
+            return False
+        os.replace(part, target)
+        return True
+    finally:
+        remove(part)
+
+
 def sha256_of(path: Path) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as handle:
