@@ -154,22 +154,6 @@ def bad_text_in(value) -> tuple[str, str] | None:
     return None
 
 
-def has_nul(value) -> bool:
-    """Whether a parsed JSON value holds a NUL character anywhere (PostgreSQL text cannot store it)."""
-    stack = [value]
-    while stack:  # an explicit stack: a deeply nested value must not exhaust Python's
-        item = stack.pop()
-        if isinstance(item, str):
-            if "\x00" in item:
-                return True
-        elif isinstance(item, dict):
-            stack.extend(item.keys())
-            stack.extend(item.values())
-        elif isinstance(item, list):
-            stack.extend(item)
-    return False
-
-
 def _member(where: str, key: str) -> str:
     if len(where) > 200:  # a path to show the caller, not a copy of the body
         return where if where.endswith("…") else where + "…"

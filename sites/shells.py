@@ -45,7 +45,6 @@ COMMON_MARKER = "#@common\n"
 HOSTS_MARKER = "#@hosts\n"  # the runner-starting part the Docker and Apptainer host templates share
 
 # The value rules, the same as the checks inside every built-in job shell.
-COUNT = re.compile(r"^(0|[1-9][0-9]{0,8})$")
 PATH = re.compile(r"^/[A-Za-z0-9._/+@-]{0,1023}$")
 WORD = re.compile(r"^[A-Za-z0-9._][A-Za-z0-9._-]{0,199}$")
 DOTDOT = re.compile(r"(^|/)\.\.(/|$)")
@@ -158,10 +157,6 @@ def bash_syntax_error(content: str) -> str | None:
 
 # Values ------------------------------------------------------------------------------------------
 
-def is_count(value) -> bool:
-    return isinstance(value, str) and bool(COUNT.fullmatch(value))
-
-
 def is_path(value) -> bool:
     return isinstance(value, str) and bool(PATH.fullmatch(value)) and not DOTDOT.search(value)
 
@@ -227,10 +222,6 @@ def parse_variables(raw, *, field_name: str = "variables") -> dict[str, str]:
         raise _invalid(field_name, _("At most %(max)s variables; %(count)s given.") % {
             "max": MAX_VARIABLES, "count": len(out)})
     return out
-
-
-def format_variables(variables: dict[str, str]) -> str:
-    return "\n".join(f"{name}={value}" for name, value in variables.items())
 
 
 def walltime_hms(seconds: int) -> str:

@@ -399,11 +399,6 @@ class Replica:
         self.env = jobenv.cluster_environment(replica=self.replicas[index], replicas=self.replicas, mode=mode,
                                               main_addr=addresses[0], master_port=master_port)
 
-    @property
-    def is_main(self) -> bool:
-        return self.index == 0
-
-
 def replica_name(index: int) -> str:
     return "main1" if index == 0 else f"sub{index}"
 
