@@ -13,9 +13,9 @@ class NotificationsConfig(AppConfig):
         from jobs import hooks
         from mado import periodic
         from mado.models import AuditEvent
-        from notifications import delivery, events, services
+        from notifications import delivery, services
 
-        post_save.connect(events.on_audit_event, sender=AuditEvent, dispatch_uid="notifications.on_audit_event")
+        post_save.connect(services.on_audit_event, sender=AuditEvent, dispatch_uid="notifications.on_audit_event")
         periodic.register("notifications.deliver", lambda: delivery.deliver_due(wait=False), every_seconds=1)
         # "Notify me when it ends" on the Create job form and `notify_me` in POST /api/projects/{p}/jobs.
         hooks.register_after_create("notifications.notify_me", services.after_job_created, options=("notify_me",))

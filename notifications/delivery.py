@@ -21,6 +21,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
+from urllib.parse import urlsplit
 
 import requests
 from django.conf import settings
@@ -31,7 +32,6 @@ from django.utils import timezone
 from notifications import messages
 from notifications.choices import TEST_EVENT, Channel, DeliveryStatus
 from notifications.models import Delivery
-from notifications.services import webhook_host
 
 log = logging.getLogger("mado.notifications")
 
@@ -49,6 +49,16 @@ class DeliveryError(Exception):
         super().__init__(message)
         self.message = message
         self.permanent = permanent
+
+
+def webhook_host(url: str) -> str:
+    """host:port of a URL, for logs and error messages (a URL's path and query may hold a secret)."""
+    try:
+        parts = urlsplit(url)
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+        return f"{parts.hostname}:{port}"
+    except ValueError:
+        return "the webhook host"
 
 
 # The loop ---------------------------------------------------------------------------------------

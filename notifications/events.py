@@ -1,9 +1,8 @@
-"""From audit rows to deliveries. The lower layers record what happened in AuditEvent (mado.services.audit);
-this module, connected to its post_save in NotificationsConfig.ready(), turns the rows that mean a
-notification event into one Delivery per matching rule, in the writer's own transaction."""
+"""From audit rows to events. The lower layers record what happened in AuditEvent (mado.services.audit);
+this module reads the rows that mean a notification event and the rules that match it;
+notifications.services.on_audit_event (connected to the row's post_save in NotificationsConfig.ready())
+queues one Delivery per matching rule, in the writer's own transaction."""
 from __future__ import annotations
-
-import logging
 
 from django.conf import settings
 from django.db.models import Q
@@ -11,27 +10,10 @@ from django.urls import reverse
 
 from notifications.choices import JOB_EVENTS, Event
 
-log = logging.getLogger("mado.notifications")
-
 # The audit actions that may mean an event; every other row returns at once (this runs on every audit write).
 ACTIONS = {"worker.offline", "worker.online", "job.not_responding", "job.complete", "computer.check.finish",
            "site.check.finish"}
 ENDED = {"failed": Event.JOB_FAILED, "finished": Event.JOB_FINISHED, "canceled": Event.JOB_CANCELED}
-
-
-def on_audit_event(sender, instance, created, raw=False, **kwargs):
-    if not created or raw or instance.action not in ACTIONS:
-        return
-    try:
-        found = events_of(instance)
-    except Exception:  # a notification must never break the transition that wrote the row
-        log.exception("could not read notification events from audit row %s", instance.pk)
-        return
-    if found:
-        from notifications import services
-
-        for event, subject in found:
-            services.queue_event(instance, event, subject)
 
 
 def events_of(audit) -> list[tuple[str, dict]]:

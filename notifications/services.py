@@ -2,6 +2,7 @@
 (each audited), events queued as deliveries, test deliveries."""
 from __future__ import annotations
 
+import logging
 import secrets
 import uuid
 from urllib.parse import urlsplit
@@ -17,9 +18,12 @@ from mado import access as identity
 from mado.choices import Role
 from mado.errors import Forbidden, ServiceError
 from mado.services import Actor, audit
+from notifications import delivery as sender
 from notifications import events as event_rules
 from notifications.choices import JOB_EVENTS, TEST_EVENT, Channel, Event
 from notifications.models import Delivery, NotificationRule
+
+log = logging.getLogger("mado.notifications")
 
 MAX_RECIPIENTS = 20
 
@@ -128,14 +132,25 @@ def send_test(actor: Actor, rule: NotificationRule) -> Delivery:
             "url": event_rules.absolute(f"/projects/{rule.project.slug}/settings/notifications/{rule.pk}/"),
         })
         audit(actor, "notification_rule.test", rule, project=rule.project, after={"delivery": str(delivery.key)})
-    from notifications import delivery as sender
-
     sender.drain_rule(rule.pk)
     delivery.refresh_from_db()
     return delivery
 
 
 # Events -----------------------------------------------------------------------------------------
+
+def on_audit_event(sender, instance, created, raw=False, **kwargs):
+    if not created or raw or instance.action not in event_rules.ACTIONS:
+        return
+    try:
+        found = event_rules.events_of(instance)
+    except Exception:  # a notification must never break the transition that wrote the row
+        log.exception("could not read notification events from audit row %s", instance.pk)
+        return
+    if found:
+        for event, subject in found:
+            queue_event(instance, event, subject)
+
 
 def queue_event(audit_row, event: str, subject: dict) -> int:
     """One delivery per matching rule, in the transaction that wrote the audit row."""
@@ -208,18 +223,8 @@ def clean_webhook_url(raw: str) -> str:
     return url
 
 
-def webhook_host(url: str) -> str:
-    """host:port of a URL, for logs and error messages (a URL's path and query may hold a secret)."""
-    try:
-        parts = urlsplit(url)
-        port = parts.port or (443 if parts.scheme == "https" else 80)
-        return f"{parts.hostname}:{port}"
-    except ValueError:
-        return "the webhook host"
-
-
 def _snapshot(rule: NotificationRule) -> dict:
     # No secret and no full URL (webhook URLs often carry a token in their path).
     return {"name": rule.name, "events": rule.events, "channel": rule.channel, "computer": rule.computer_id,
             "only_my_jobs": rule.only_my_jobs, "job": rule.job_id, "recipients": len(rule.recipients),
-            "webhook_host": webhook_host(rule.webhook_url) if rule.webhook_url else None, "language": rule.language}
+            "webhook_host": sender.webhook_host(rule.webhook_url) if rule.webhook_url else None, "language": rule.language}

@@ -16,7 +16,7 @@ from mado.dialogs import dialog
 from mado.errors import ServiceError
 from mado.forms import add_service_error
 from mado.services import Actor
-from notifications import access, services
+from notifications import access, delivery, services
 from notifications.choices import DeliveryStatus
 from notifications.forms import RuleForm
 
@@ -108,4 +108,4 @@ def _log_context(request, project, rule):
     deliveries = list(rule.deliveries.order_by("-id")[:LOG_SIZE])
     return _context(request, project, rule=rule, deliveries=deliveries,
                     pending=any(d.status == DeliveryStatus.PENDING for d in deliveries),
-                    webhook_host=services.webhook_host(rule.webhook_url) if rule.webhook_url else "")
+                    webhook_host=delivery.webhook_host(rule.webhook_url) if rule.webhook_url else "")

@@ -22,14 +22,13 @@ from mado.models import AuditEvent
 from mado.services import SYSTEM, Actor, audit
 from mado.validation import as_int
 from sites import allowed_hosts, services, shells
-from sites.choices import AccountKind, SubmissionMethod
-from sites.launchers import POLL_INTERVAL_SECONDS
+from sites.choices import LAUNCHER_POLL_SECONDS, AccountKind, SubmissionMethod
 from sites.models import Launcher, SiteCheck, SiteUserSettings
 from sites.submissions import SITES_CHANNEL
 from workers.longpoll import notify
 
 CHECK_SECONDS = 60  # the launcher's own limit for logging in and running `true`
-CHECK_TIMEOUT = timedelta(seconds=CHECK_SECONDS + 2 * POLL_INTERVAL_SECONDS)
+CHECK_TIMEOUT = timedelta(seconds=CHECK_SECONDS + 2 * LAUNCHER_POLL_SECONDS)
 _last_expiry = 0.0
 
 

@@ -43,4 +43,5 @@ DEFAULT_QUEUE_TIMEOUT = 7 * 24 * 3600  # supercomputer queues often hold jobs fo
 MAX_ACTIVE_SUBMISSIONS = 1000
 DEFAULT_MAX_ACTIVE_SUBMISSIONS = 10
 SUBMIT_REPORT_TIMEOUT = 15 * 60
+LAUNCHER_POLL_SECONDS = 10  # how often a launcher asks for its configuration, checks and cancellations
 DEFAULT_WALLTIME_SECONDS = 3600

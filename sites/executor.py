@@ -4,10 +4,10 @@ from __future__ import annotations
 from django.utils.translation import gettext as _
 
 from jobs.choices import JobStatus
-from sites import shells, views
+from sites import views
 from sites.choices import SubmissionMethod
 from sites.models import SiteSettings, Submission
-from sites.services import check_can_submit
+from sites.services import check_can_submit, runs_clusters
 from sites.submissions import SITES_CHANNEL
 from workers.longpoll import notify
 
@@ -16,7 +16,7 @@ def validate(user, target, values: dict, errors: dict) -> None:
     check_can_submit(user, target)  # 422 site_account_required until My settings are saved
     if target.site_settings.submission == SubmissionMethod.MANUAL:
         values["status"] = JobStatus.WAITING_MANUAL  # until its requester runs mado-tracking submit
-    if values["cluster_size"] > 1 and not shells.runs_clusters(target):
+    if values["cluster_size"] > 1 and not runs_clusters(target):
         errors["cluster_size"] = [_("%(computer)s's job shell does not run cluster jobs (only a job shell that "
                                     "defines mmt_supports_clusters, such as the Slurm template, starts one runner "
                                     "per node); choose a Slurm site, an SSH computer or a compute group.")

@@ -19,11 +19,11 @@ from mado import services as identity_services
 from mado.services import Actor, audit, issue_token, revoke_token
 from mado.validation import NAME_PATTERN
 from sites import allowed_hosts as host_policy
-from sites.choices import AccountKind, SubmissionMethod
+from sites import checks, submissions
+from sites.choices import LAUNCHER_POLL_SECONDS, AccountKind, SubmissionMethod
 from sites.models import Launcher, SiteSettings, SiteUserSettings
 
 LAUNCHER_SCOPES = [Scope.LAUNCHER_EXECUTE.value]
-POLL_INTERVAL_SECONDS = 10
 HOLDER_PREFIX = "launcher-"
 
 
@@ -195,15 +195,13 @@ def _key_wanted(site: dict) -> bool:
 
 
 def _config(launcher: Launcher) -> dict:
-    from sites import checks, submissions
-
     submissions.expire_overdue()
     checks.expire_checks()
     sites = (SiteSettings.objects.filter(launcher=launcher, submission=SubmissionMethod.AUTOMATIC)
              .select_related("target", "launcher").order_by("target_id"))
     return {
         "launcher": {"id": launcher.pk, "name": launcher.name},
-        "poll_interval_seconds": POLL_INTERVAL_SECONDS,
+        "poll_interval_seconds": LAUNCHER_POLL_SECONDS,
         # Only sites whose login node and jump hosts the launcher may log in to: it logs in nowhere else.
         "sites": [_site_config(launcher, site) for site in sites if host_policy.site_allowed(site)],
         "checks": checks.open_for(launcher),

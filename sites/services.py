@@ -186,6 +186,16 @@ def current_job_shell(target: ComputeTarget) -> JobShell | None:
     return JobShell.objects.filter(target=target).order_by("-version").first()
 
 
+def runs_clusters(target) -> bool:
+    """The hook jobs.services asks at creation: whether cluster jobs may go to `target`. True for a site
+    whose current job shell defines mmt_supports_clusters (the Slurm template's does); False for every
+    other computer and job shell."""
+    if getattr(target, "kind", None) != "site":
+        return False
+    shell = current_job_shell(target)
+    return shell is not None and shells.supports_clusters(shell.content)
+
+
 def save_job_shell(actor: Actor, target: ComputeTarget, content) -> tuple[JobShell, bool]:
     """Save the job shell as the next version; content identical to the current version makes no
     new version. Returns (version, created)."""

@@ -18,7 +18,7 @@ A fourth, `mmt_supports_clusters`, says the job shell runs cluster jobs (docs/cl
 "Sites"): given `MMT_CLUSTER_SIZE` N > 1, its mmt_submit asks the scheduler for N nodes and starts one
 runner per node, each learning its replica from `SLURM_PROCID` (or `MMT_REPLICA_INDEX`). Only its
 presence counts, never its output: the server lets cluster jobs reach a site only while the site's
-current job shell defines it (`runs_clusters`), and renders no cluster job with a shell that does not.
+current job shell defines it (sites.services.runs_clusters), and renders no cluster job with a shell that does not.
 The built-in Slurm template defines it; the others do not.
 
 Standard library only (plus mado.errors and Django's gettext for the messages), so the rules can be read in
@@ -130,18 +130,6 @@ def defines(content: str, name: str) -> bool:
 def supports_clusters(content: str) -> bool:
     """Whether a job shell declares that it starts one runner per replica (`mmt_supports_clusters`)."""
     return defines(content, CLUSTER_FUNCTION)
-
-
-def runs_clusters(target) -> bool:
-    """The hook jobs.services asks at creation: whether cluster jobs may go to `target`. True for a site
-    whose current job shell defines mmt_supports_clusters (the Slurm template's does); False for every
-    other computer and job shell."""
-    if getattr(target, "kind", None) != "site":
-        return False
-    from sites.services import current_job_shell  # the database, only here: the rest stays standalone
-
-    shell = current_job_shell(target)
-    return shell is not None and supports_clusters(shell.content)
 
 
 def bash_syntax_error(content: str) -> str | None:

@@ -63,13 +63,13 @@ def started(replicas, *, running=True):
 
 def test_the_slurm_site_takes_cluster_jobs_and_other_templates_refuse_them_unless_their_shell_declares_it(
         world, host_keys, launcher, site):
-    assert shells.runs_clusters(site)
+    assert services.runs_clusters(site)
     job = create(world, site, 3, gpus_per_replica=2)
     assert (job.status, job.cluster_size, job.gpus_per_replica) == ("queued", 3, 2)
 
     grid = site_of(world.project_admin, host_keys, launcher, name="grid-cluster", template="gridengine",
                    runtimes=["python"])
-    assert not shells.runs_clusters(grid)
+    assert not services.runs_clusters(grid)
     with pytest.raises(ServiceError) as refused:
         create(world, grid)
     assert refused.value.fields["cluster_size"] == [SITE_REFUSAL]
@@ -78,7 +78,7 @@ def test_the_slurm_site_takes_cluster_jobs_and_other_templates_refuse_them_unles
     # An owner's own job shell says it starts one runner per replica by defining mmt_supports_clusters.
     services.save_job_shell(Actor(world.project_admin), grid, shells.builtin_template("gridengine")
                             + "\nmmt_supports_clusters() {\n    return 0\n}\n")
-    assert shells.runs_clusters(grid) and create(world, grid).cluster_size == 2
+    assert services.runs_clusters(grid) and create(world, grid).cluster_size == 2
 
 
 def test_a_cluster_job_is_claimed_alone_with_its_replicas_and_the_scripts_cluster_values(world, site, lclient):
