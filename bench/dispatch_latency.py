@@ -256,7 +256,7 @@ class Bench:
     def listeners(self) -> tuple[int, int]:
         """Job claim long-polls waiting in the server now, and those opened so far, summed over its
         processes: each process's long-poll listener shows them in its pg_stat_activity application_name
-        (`mado-longpoll jobs=1/57 ...`, workers.longpoll)."""
+        (`mado-longpoll jobs=1/57 ...`, mado.longpoll)."""
         from django.db import connection
 
         from jobs.services import JOBS_CHANNEL

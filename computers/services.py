@@ -40,10 +40,10 @@ from computers.models import (
     GpuReading,
 )
 from mado.errors import Conflict, Forbidden, ServiceError
+from mado.longpoll import notify
 from mado.services import SYSTEM, Actor, audit
 from mado.validation import NAME_PATTERN, as_int, int_field, text_problem
 from workers import services as worker_services
-from workers.longpoll import notify
 
 GPU_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9-]{0,63}$")
 CHECK_CLAIM_TIMEOUT = timedelta(minutes=5)

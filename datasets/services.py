@@ -2,7 +2,7 @@
 in resumable parts or many files as one tar, complete a version, and turn a finished job's declared
 outputs into versions.
 
-Bytes are streamed to disk outside database transactions (jobs.storage); rows change in short ones."""
+Bytes are streamed to disk outside database transactions (mado.storage); rows change in short ones."""
 from __future__ import annotations
 
 import logging
@@ -24,7 +24,7 @@ from datasets import access, manifest
 from datasets.choices import VersionStatus
 from datasets.models import (Dataset, DatasetCacheReport, DatasetEntry, DatasetFile, DatasetVersion, JobInputDataset,
                              stored_path)
-from jobs import storage
+from mado import storage
 from mado.errors import Conflict, ServiceError
 from mado.services import Actor, audit
 

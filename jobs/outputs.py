@@ -18,10 +18,11 @@ from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 from django.utils.translation import gettext as _
 
-from jobs import hooks, storage
+from jobs import hooks
 from jobs.choices import HELD_STATUSES
 from jobs.models import Artifact, Job, Metric, SourceArchive
 from mado import access as identity
+from mado import storage
 from mado.choices import Role, Scope
 from mado.errors import Conflict, Forbidden, ServiceError
 from mado.services import Actor, audit

@@ -40,10 +40,10 @@ from mado import access as identity
 from mado import services as identity_services
 from mado.choices import Role
 from mado.errors import Conflict, Forbidden, ServiceError
+from mado.longpoll import notify
 from mado.services import SYSTEM, Actor, audit
 from mado.validation import BIGINT_MAX, INT32_MAX, INT32_MIN, as_int
 from workers import services as worker_services
-from workers.longpoll import notify
 from workers.models import Worker
 
 JOBS_CHANNEL = "mado_jobs"
@@ -331,7 +331,7 @@ WAKE_PROJECTS_AT_MOST = 50
 def wake_claims(*project_ids: int) -> None:
     """Room was freed (a job ended, went back to the queue, a worker left): wake the claims that may use
     it — those of `project_ids` (a worker waiting with the ended job learns it at once) and of every
-    project with queued jobs — not every worker of the server (workers.longpoll topics)."""
+    project with queued jobs — not every worker of the server (mado.longpoll topics)."""
     queued = set(Job.objects.filter(status=JobStatus.QUEUED).order_by().values_list("project_id", flat=True)
                  .distinct()[:WAKE_PROJECTS_AT_MOST + 1])
     if len(queued) > WAKE_PROJECTS_AT_MOST:

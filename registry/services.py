@@ -12,8 +12,8 @@ from django.db import IntegrityError, transaction
 from django.db.models import Max
 from django.utils.translation import gettext as _
 
-from jobs import storage
 from mado import access as identity
+from mado import storage
 from mado.choices import Role
 from mado.errors import ServiceError
 from mado.services import Actor, audit

@@ -18,6 +18,7 @@ from computers import access
 from computers.choices import OPEN_CHECK_STATUSES, CheckStatus, ItemStatus
 from mado import access as identity
 from mado.errors import Conflict, Forbidden, ServiceError
+from mado.longpoll import notify
 from mado.models import AuditEvent
 from mado.services import SYSTEM, Actor, audit
 from mado.validation import as_int
@@ -25,7 +26,6 @@ from sites import allowed_hosts, services, shells
 from sites.choices import LAUNCHER_POLL_SECONDS, AccountKind, SubmissionMethod
 from sites.models import Launcher, SiteCheck, SiteUserSettings
 from sites.submissions import SITES_CHANNEL
-from workers.longpoll import notify
 
 CHECK_SECONDS = 60  # the launcher's own limit for logging in and running `true`
 CHECK_TIMEOUT = timedelta(seconds=CHECK_SECONDS + 2 * LAUNCHER_POLL_SECONDS)

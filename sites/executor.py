@@ -4,12 +4,12 @@ from __future__ import annotations
 from django.utils.translation import gettext as _
 
 from jobs.choices import JobStatus
+from mado.longpoll import notify
 from sites import views
 from sites.choices import SubmissionMethod
 from sites.models import SiteSettings, Submission
 from sites.services import check_can_submit, runs_clusters
 from sites.submissions import SITES_CHANNEL
-from workers.longpoll import notify
 
 
 def validate(user, target, values: dict, errors: dict) -> None:

@@ -15,12 +15,12 @@ from django.utils.translation import gettext as _
 
 from computers import access
 from mado.errors import Forbidden, ServiceError
+from mado.longpoll import notify
 from mado.services import Actor, audit
 from mado.validation import BIGINT_MAX, as_int
 from sites.choices import AccountKind, SubmissionMethod
 from sites.models import Launcher, LauncherKey, SiteSettings, SiteUserSettings
 from sites.submissions import SITES_CHANNEL
-from workers.longpoll import notify
 
 KEY_TYPE = "ssh-ed25519"
 ED25519_KEY_BYTES = 32

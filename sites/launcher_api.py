@@ -14,12 +14,12 @@ from rest_framework.views import APIView
 from mado.api.views import json_object
 from mado.choices import Scope
 from mado.errors import ServiceError
+from mado.longpoll import MAX_WAIT_SECONDS
 from mado.models import Project
 from mado.services import Actor
 from sites import checks, keys, launchers, submissions
 from sites import serializers as body
 from sites.models import Launcher
-from workers.longpoll import MAX_WAIT_SECONDS
 
 
 def launcher_body(launcher: Launcher) -> dict:

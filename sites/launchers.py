@@ -12,16 +12,18 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 from django.utils.translation import gettext as _
 
+from mado import services as identity_services
 from mado.choices import Scope, TokenKind
 from mado.errors import Conflict, ServiceError
+from mado.longpoll import notify, wait_for
 from mado.models import ApiToken, Project
-from mado import services as identity_services
 from mado.services import Actor, audit, issue_token, revoke_token
 from mado.validation import NAME_PATTERN
 from sites import allowed_hosts as host_policy
 from sites import checks, submissions
 from sites.choices import LAUNCHER_POLL_SECONDS, AccountKind, SubmissionMethod
 from sites.models import Launcher, SiteSettings, SiteUserSettings
+from sites.submissions import SITES_CHANNEL
 
 LAUNCHER_SCOPES = [Scope.LAUNCHER_EXECUTE.value]
 HOLDER_PREFIX = "launcher-"
@@ -119,9 +121,6 @@ def set_allowed_hosts(actor: Actor, launcher: Launcher, raw) -> Launcher:
         launcher.save(update_fields=["allowed_hosts"])
         audit(actor, "launcher.allowed_hosts.update", launcher, project=project_of(launcher),
               before={"allowed_hosts": before}, after={"allowed_hosts": patterns})
-    from sites.submissions import SITES_CHANNEL
-    from workers.longpoll import notify
-
     notify(SITES_CHANNEL)
     return launcher
 
@@ -158,9 +157,6 @@ def config(launcher: Launcher, *, hostname: str = "", version: str = "", wait: f
     personal-account sites the people who saved their account, one key each), the keys it already
     published, open connection checks and queued cancellations. With `wait`, held (long-poll) while
     there is nothing to do. Records that it was seen."""
-    from sites.submissions import SITES_CHANNEL
-    from workers.longpoll import wait_for
-
     updates = {"last_seen_at": timezone.now()}
     if hostname:
         updates["hostname"] = hostname[:255]

@@ -27,13 +27,13 @@ from mado import access as identity
 from mado import services as identity_services
 from mado.choices import ROLE_RANK, SCOPE_MIN_ROLE, Role, Scope
 from mado.errors import Conflict, Forbidden, ServiceError
+from mado.longpoll import notify
 from mado.models import Membership
 from mado.services import SYSTEM, Actor, audit
 from mado.validation import BIGINT_MAX, as_int
 from sites import allowed_hosts, services, shells
 from sites.choices import DEFAULT_WALLTIME_SECONDS, SUBMIT_REPORT_TIMEOUT, SubmissionMethod, SubmissionStatus
 from sites.models import CancelState, Launcher, SiteSettings, SiteUserSettings, Submission
-from workers.longpoll import notify
 
 SITES_CHANNEL = "mado_sites"
 MAX_CLAIM = 50

@@ -173,7 +173,7 @@ def test_a_long_poll_claim_returns_as_soon_as_a_check_is_requested(world, comput
     the notification can hand it the check."""
     from django.db import connection
 
-    from workers import longpoll
+    from mado import longpoll
 
     monkeypatch.setattr(longpoll, "MISSED_NOTIFY_SECONDS", 60.0)
     monkeypatch.setattr(longpoll, "LISTENING_RECHECK_SECONDS", 60.0)

@@ -8,10 +8,10 @@ import pytest
 from django.db import connection
 from rest_framework.test import APIClient
 
+from mado import longpoll
 from mado.models import AuditEvent
 from tests.job_fixtures import JobWorker, gpu_computer, job_request
 from tests.support import wait_for
-from workers import longpoll
 
 
 def parked_claims() -> int:

@@ -1,4 +1,4 @@
-"""jobs.storage.keep_if_hash: the one way an upload's bytes become a stored file (a job's outputs in a
+"""mado.storage.keep_if_hash: the one way an upload's bytes become a stored file (a job's outputs in a
 batch, a dataset archive's members). A file whose bytes do not hash to what was declared is never kept,
 and one cut short is never kept either; what was stored before stays as it was."""
 import hashlib
@@ -6,7 +6,7 @@ import io
 
 import pytest
 
-from jobs import storage
+from mado import storage
 
 
 def test_matching_bytes_are_kept_under_the_target_name(tmp_path):

@@ -4,7 +4,7 @@
 PUT uploads a file, GET downloads it, GET .../artifacts?path=<dir> lists a directory.
 
 Files are kept under MEDIA_ROOT/mlflow-artifacts/<project>/<run_id>/, streamed to disk with
-jobs.storage (never held in memory whole).
+mado.storage (never held in memory whole).
 
 Other artifact trees share the API: `<experiment>/<segment>/<id>/artifacts/<path>` is the tree an upper app
 registered for `segment` (register_tree; the registry's logged models: `<experiment>/models/<model_id>/…`,
@@ -19,7 +19,7 @@ from pathlib import Path
 from django.conf import settings
 from django.http import FileResponse
 
-from jobs import storage
+from mado import storage
 from mado.choices import Scope
 from tracking import access
 from tracking.errors import MlflowError, invalid, not_found

@@ -17,9 +17,9 @@ from jobs.choices import EndReason, JobStatus
 from jobs.serializers import LogChunkSerializer, MetricPointSerializer, worker_computer, worker_job_payload
 from mado.api.views import json_object
 from mado.choices import Scope
+from mado.longpoll import notify, wait_for
 from mado.validation import BIGINT_MAX, INT32_MAX, INT32_MIN, NAME_PATTERN
 from workers import services
-from workers.longpoll import notify, wait_for
 from workers.models import Worker
 
 NO_STORE = {"Cache-Control": "no-store"}  # claim and resume answers carry job tokens

@@ -13,11 +13,11 @@ import time
 import pytest
 
 from jobs.models import JobEvent, LogChunk, Metric
+from mado import longpoll
 from tests.agent_e2e_jobs.conftest import WORKER, FlakyPort, counter_errors, counter_lines, job_lines, wait_until
-from tests.support import processes_under
 from tests.peers.sshd import SSHD, start_sshd
+from tests.support import processes_under
 from worker_agent import supervisor
-from workers import longpoll
 
 
 def pid_alive(pid: int) -> bool:

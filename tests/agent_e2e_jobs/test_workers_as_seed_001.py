@@ -14,11 +14,10 @@ from django.test import Client
 from computers.models import ComputeTarget
 from jobs import services as job_services
 from jobs.models import JobEvent
-from mado import services
+from mado import longpoll, services
 from mado.choices import Role, TokenKind
 from tests.agent_e2e_jobs.conftest import WorkerProcess, wait_until
 from tests.conftest import WORKER_SCOPES
-from workers import longpoll
 
 
 def start(e2e, worker_id: str, token: str | None = None, **env) -> WorkerProcess:
@@ -37,7 +36,7 @@ def claimed_by(job) -> list[str]:
 
 
 def job_long_polls_opened() -> int:
-    """Job-claim long-polls the live server (in this process, workers.longpoll) has opened so far."""
+    """Job-claim long-polls the live server (in this process, mado.longpoll) has opened so far."""
     return longpoll.hub().parked("mado_jobs")[1]
 
 

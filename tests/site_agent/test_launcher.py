@@ -13,6 +13,7 @@ import sys
 
 from jobs import services as job_services
 from jobs.models import Job
+from mado import longpoll
 from mado.services import Actor
 from sites import checks, submissions
 from sites.models import LauncherKey, SiteCheck, Submission
@@ -21,7 +22,6 @@ from tests.site_agent.conftest import authorize
 from tests.site_agent.site_world import FAILING, launcher_for, make_site, queue, registered, server  # noqa: F401
 from tests.support import database_now, other_sessions, wait_for
 from worker_agent.site.launcher import SiteApi
-from workers import longpoll
 
 
 def ready_launcher(server, registered, world, sshd, remote_dir, tmp_path, **site_overrides):
