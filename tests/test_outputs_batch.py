@@ -13,6 +13,7 @@ from jobs import outputs
 from jobs.models import Artifact
 from tests.conftest import assert_error
 from tests.job_fixtures import job_request
+from worker_agent import remote_files
 from worker_agent.core import lifecycle
 from worker_agent.core import outputs as core_outputs
 from worker_agent.core.api import ApiError, Unavailable
@@ -193,9 +194,9 @@ def test_the_job_page_shows_the_upload_progress_while_files_arrive(world, declar
 
 
 def test_the_targets_program_and_the_in_process_frames_are_the_same_bytes_and_a_short_source_raises(tmp_path):
-    """FRAMES_SCRIPT (run on an SSH target) and iter_frames (the site runner) send the same frames; a file
-    that shrank since it was listed is padded to its listed size, so the frames stay aligned and the
-    server's sha256 check refuses it; a source that ends early raises instead of sending less."""
+    """The `files` program's frames (run on an SSH target) and iter_frames (the site runner) send the same
+    frames; a file that shrank since it was listed is padded to its listed size, so the frames stay aligned
+    and the server's sha256 check refuses it; a source that ends early raises instead of sending less."""
     import subprocess
     import sys
 
@@ -206,7 +207,7 @@ def test_the_targets_program_and_the_in_process_frames_are_the_same_bytes_and_a_
     body = core_outputs.FramedBody(files, core_outputs.iter_frames(str(tmp_path), files))
     sent = b"".join(iter(lambda: body.read(8192), b""))
     assert len(sent) == len(body)
-    ran = subprocess.run([sys.executable, "-I", "-c", core_outputs.FRAMES_SCRIPT, str(tmp_path)],
+    ran = subprocess.run([sys.executable, "-I", "-S", "-c", remote_files.FILES.source, "frames", str(tmp_path)],
                          input=json.dumps(files).encode(), capture_output=True, check=True)
     assert ran.stdout == sent
     assert sent.endswith(core_outputs.frame_header("gone", 3) + b"\0\0\0")

@@ -1,7 +1,8 @@
 """The job keys of cluster jobs in `~/.ssh/authorized_keys` (docs/cluster-jobs.md, "SSH between replicas").
 
-Standard library only: the worker sends this file's text to a replica's computer and runs it there with
-`python -I -c SOURCE OP_JSON` as the computer's SSH user (worker_agent/replica_ssh.py). One operation:
+Standard library only: the worker runs this file on a replica's computer as the computer's SSH user, shipped
+by worker_agent.core.ship (sent once, then run by its hash) with the operation as its argument
+(worker_agent/replica_ssh.py). One operation:
 
     {"add": "<options-free public key line>" | null, "tag": "mado-job-42@gpu-host-1" | null,
      "seconds": 90000, "remove": ["mado-job-40@gpu-host-1", …], "worker": "gpu-host-1", "keep": [42, 43]}

@@ -1,6 +1,6 @@
 """Input dataset versions into the computer's cache before a job starts (seed 002 "Input dataset
-transfer", REFERENCE §6). The cache itself is `dataset_cache.py`, run on the target over the job's
-connection; this module is the worker's side of it.
+transfer", REFERENCE §6). The cache itself is `worker_agent/target/dataset_cache.py`, run on the target
+over the job's connection (shipped by worker_agent.core.ship); this module is the worker's side of it.
 
 - relay (default): the worker reads the manifest and the version's archive (one tar, one request:
   datasets/archive.py) from the API with its own token under the job's lease, and writes its members
@@ -32,6 +32,7 @@ import requests
 import urllib3
 
 from worker_agent.api import ApiClient, ApiError, ApiUnavailable
+from worker_agent.core import ship
 from worker_agent.ssh import ConnectError
 
 log = logging.getLogger("mado.worker.datasets")
@@ -41,7 +42,7 @@ RETRY_DELAYS = (2.0, 4.0)
 BLOCK = 1 << 20
 WAIT_SECONDS = 6 * 3600.0  # for the answer while another job fetches the same version
 GIB = 1 << 30
-_SOURCE = (Path(__file__).with_name("dataset_cache.py")).read_text(encoding="utf-8")
+PROGRAM = ship.Program.of_file(str(Path(__file__).with_name("target") / "dataset_cache.py"))
 
 
 class DatasetError(Exception):
@@ -62,10 +63,6 @@ def data_dir(working_dir: str, digest: str) -> str:
     return f"{cache_root(working_dir)}/{str(digest).removeprefix('sha256:')}/data"
 
 
-def command(python: str, *args: str) -> list[str]:
-    return [python or "python3", "-I", "-c", _SOURCE, *args]
-
-
 # -- one command with stdin and stdout open at once -----------------------------------------------
 
 class Duplex:
@@ -73,7 +70,7 @@ class Duplex:
 
     def __init__(self, connection, argv: list[str]):
         self._buffer = b""
-        self.sent = 0
+        self.sent = 0  # the payload's bytes (a program sent first does not count)
         if hasattr(connection, "_channel"):  # worker_agent.ssh.Connection
             self._connection = connection
             connection._acquire()
@@ -92,7 +89,7 @@ class Duplex:
                                           stderr=subprocess.STDOUT, env=getattr(connection, "env", None),
                                           cwd=os.path.expanduser("~"), start_new_session=True)
 
-    def write(self, data: bytes) -> None:
+    def write(self, data: bytes, *, payload: bool = True) -> None:
         try:
             if self._proc is not None:
                 self._proc.stdin.write(data)
@@ -100,7 +97,7 @@ class Duplex:
                 self._channel.sendall(data)
         except (OSError, EOFError) as exc:
             raise BrokenPipeError(f"the target stopped reading ({type(exc).__name__})") from None
-        self.sent += len(data)
+        self.sent += len(data) if payload else 0
 
     def close_write(self) -> None:
         try:
@@ -157,6 +154,21 @@ class Duplex:
                 self._channel.close()
             finally:
                 self._connection._release()
+
+
+def open_cache(connection, python: str, *args: str) -> Duplex:
+    """The cache program as a Duplex: by its hash where this connection ran it already, else sent along
+    first (a duplex cannot be tried and run again, as ship.stream)."""
+    send = not ship.known(connection, PROGRAM)
+    duplex = Duplex(connection, PROGRAM.command(python, args, send=send))
+    if send:
+        try:
+            duplex.write(PROGRAM.source, payload=False)
+        except BaseException:
+            duplex.close()
+            raise
+    ship.remember(connection, PROGRAM)
+    return duplex
 
 
 # -- the worker's downloads (relay) ---------------------------------------------------------------
@@ -328,9 +340,12 @@ def ensure_version(connection, relay: Relay, job: dict, version: dict, *, python
     """Put one version into the target's cache; returns the program's answer plus `sent` (bytes the
     worker wrote over SSH). Raises DatasetError when the version cannot be delivered."""
     mode = "direct" if (job.get("computer") or {}).get("dataset_transfer") == "direct" else "relay"
-    duplex = Duplex(connection, command(python, "ensure", cache_root(working_dir)))
+    duplex = open_cache(connection, python, "ensure", cache_root(working_dir))
     try:
-        duplex.write((json.dumps(_header(job, version, mode)) + "\n").encode("utf-8"))
+        try:
+            duplex.write((json.dumps(_header(job, version, mode)) + "\n").encode("utf-8"))
+        except BrokenPipeError:
+            pass  # it ended at once (a copy removed from the target's cache): no answer below
         answer = duplex.message()
         while answer is not None and answer.get("state") in ("fetching", "retrying"):
             if answer.get("state") == "retrying":
@@ -353,6 +368,7 @@ def ensure_version(connection, relay: Relay, job: dict, version: dict, *, python
         sent = duplex.sent
         duplex.close()
     if answer is None:
+        ship.forget(connection, PROGRAM)  # the next try sends it, should the target have lost its copy
         raise ConnectError("ssh_failed", "The dataset cache on the target ended without an answer.")
     if not answer.get("ok"):
         raise DatasetError(str(answer.get("code") or "failed"), str(answer.get("error") or "failed"))
@@ -391,7 +407,7 @@ def ensure_inputs(connection, api: ApiClient, job: dict, *, worker_id: str, leas
 
 def release(connection, job_id, *, python: str, working_dir: str) -> None:
     """Drop the job's pins (the job will not start): its versions may be evicted again."""
-    connection.run(command(python, "release", cache_root(working_dir), str(int(job_id))), timeout=60)
+    ship.run(connection, python, PROGRAM, ["release", cache_root(working_dir), str(int(job_id))], timeout=60)
 
 
 def report_usage(api: ApiClient, job: dict, worker_id: str, lease: str, usage: dict) -> None:

@@ -23,7 +23,7 @@ RESERVED_PREFIXES = ("MMT_", "MLFLOW_", "CUDA_", "NVIDIA_")
 MLFLOW_PATH = "/mlflow"
 
 CONTAINER_ROOT = "/mmt"
-DATASET_CACHE = ".mmt-cache/datasets"  # under the working directory; worker_agent/dataset_cache.py
+DATASET_CACHE = ".mmt-cache/datasets"  # under the working directory; worker_agent/target/dataset_cache.py
 
 
 @dataclass(frozen=True)

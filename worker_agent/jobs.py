@@ -64,8 +64,7 @@ from worker_agent import authorized_keys, dataset_transfer, gpu_remote, jobenv, 
 from worker_agent.api import ApiClient, ApiError, ApiUnavailable, Backoff, FatalApiError
 from worker_agent.config import WorkerConfig
 from worker_agent.journal import JobJournal
-from worker_agent.remote_files import RemoteFileError, RemoteRange, fetch_source, list_outputs
-from worker_agent.core import outputs as core_outputs
+from worker_agent.remote_files import RemoteFileError, RemoteRange, fetch_source, list_outputs, net_fact, open_frames
 from worker_agent.core.lifecycle import conclude, invalid_result, send_outputs, signal_name, upload
 from worker_agent.results import WORKER_LIMIT_SETTING, too_many_files
 from worker_agent.runtimes import (CONTAINER_RUNTIMES, RuntimeRefused, TargetFacts, build_spec, facts_binary,
@@ -799,9 +798,7 @@ class JobRunner:
     def upload_batch(self, files: list[dict]) -> dict:
         """Many small outputs in one request, read on the target by one program over one channel."""
         self.check()
-        stream = self.connection().stream([self.python, "-I", "-c", core_outputs.FRAMES_SCRIPT,
-                                           f"{self.job_dir}/outputs"], stdin=json.dumps(files).encode(), timeout=60)
-        with core_outputs.FramedBody(files, stream) as body:
+        with open_frames(self.connection(), self.python, f"{self.job_dir}/outputs", files) as body:
             try:
                 return self.api.put_artifacts_batch(self.id, self.config.worker_id, self.lease, body)
             except ApiError as exc:
@@ -895,10 +892,6 @@ class JobRunner:
 
 # -- cluster jobs (docs/cluster-jobs.md, "What the agent does") ------------------------------------
 
-FREE_PORT = "import socket\ns = socket.socket()\ns.bind(('', 0))\nprint(s.getsockname()[1])\n"
-RESOLVE = "import json, socket, sys\nprint(json.dumps({n: socket.gethostbyname(n) for n in sys.argv[1:]}))\n"
-
-
 def is_cluster(job: dict) -> bool:
     """A job of more than one replica (a cluster job of size 1 is an ordinary job)."""
     return int(job.get("cluster_size") or 1) > 1 and bool(job.get("replicas"))
@@ -912,13 +905,12 @@ def is_ip(address: str) -> bool:
     return True
 
 
-def run_python(connection, python: str, code: str, *args: str) -> str:
-    """A few lines of Python on the target; their stdout, or StartFailed with their stderr's last line."""
-    ran = connection.run([python or "python3", "-I", "-c", code, *args], timeout=30)
-    if ran.exit_code != 0:
-        tail = ran.stderr.decode("utf-8", "replace").strip().splitlines()[-1:]
-        raise StartFailed(f"{python} on the computer exited with {ran.exit_code}" + (f": {tail[0]}" if tail else "."))
-    return ran.stdout.decode("utf-8", "replace").strip()
+def target_fact(connection, python: str, *args: str) -> str:
+    """worker_agent/target/net.py on the target (`free-port`, `resolve NAME…`); StartFailed when it fails."""
+    try:
+        return net_fact(connection, python, *args)
+    except RemoteFileError as exc:
+        raise StartFailed(exc.message) from None
 
 
 def computer_key(computer: dict) -> str:
@@ -1292,7 +1284,7 @@ class ClusterRunner(JobRunner):
         if facts.get("master_port") and facts.get("hosts"):
             return facts
         main = self.main
-        port = main.on_target(lambda c: run_python(c, main.python, FREE_PORT),
+        port = main.on_target(lambda c: target_fact(c, main.python, "free-port"),
                               "choosing MASTER_PORT on main1's computer")
         hosts = {replica.name: self.hosts_of(replica) for replica in self.replicas}
         self.save(cluster=dict(facts, master_port=int(port), hosts=hosts))
@@ -1307,7 +1299,7 @@ class ClusterRunner(JobRunner):
                   else jobenv.computer_address(other.computer) for other in self.replicas}
         names = sorted({address for address in wanted.values() if not is_ip(address)})
         if names:
-            text = replica.on_target(lambda c: run_python(c, replica.python, RESOLVE, *names),
+            text = replica.on_target(lambda c: target_fact(c, replica.python, "resolve", *names),
                                      f"resolving the other computers' names on {replica.name}'s computer")
             resolved = json.loads(text.splitlines()[-1])
             wanted = {name: str(resolved.get(address, address)) for name, address in wanted.items()}

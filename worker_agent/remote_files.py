@@ -1,91 +1,31 @@
-"""Files of a job on its target, moved over the job's connection with small standard-library programs
-(`python3 -I -c SCRIPT …`, nothing installed on the target):
+"""Files of a job on its target, moved over the job's connection by the `files` program
+(worker_agent/target/files.py joined after worker_agent.core.source and worker_agent.core.outputs,
+shipped by worker_agent.core.ship: sent once, then run by its hash):
 
-- `fetch_source`: the job's source into `<job_dir>/source` before the supervisor starts
-  (worker_agent.core.source on the target): an uploaded archive (.tar.gz, streamed from the worker on
-  stdin) or a git URL and ref.
+- `fetch_source`: the job's source into `<job_dir>/source` before the supervisor starts: an uploaded
+  archive (.tar.gz, streamed from the worker on stdin) or a git URL and ref.
 - `list_outputs`: the outputs directory as the result.json validator wants it (path, size, sha256,
   kind; symbolic links are reported, never followed) plus the bytes of result.json and of the
   artifacts manifest it names.
 - `RemoteRange`: a byte range of one output file read over one stream, as a file-like body for an
-  upload (`read(n)`, `__len__`); a file that turns out shorter raises instead of sending less."""
+  upload (`read(n)`, `__len__`); a file that turns out shorter raises instead of sending less.
+- `open_frames`: many small outputs as the frames of one batch upload (a FramedBody).
+
+`net_fact` runs a cluster job's network questions (worker_agent/target/net.py) the same way."""
 from __future__ import annotations
 
 import base64
-import inspect
 import json
 
-from worker_agent import results
 from worker_agent.core import outputs as core_outputs
+from worker_agent.core import ship
 from worker_agent.core import source as core_source
 from worker_agent.ssh import CommandTimeout, ConnectError
+from worker_agent.target import files as target_files
+from worker_agent.target import net as target_net
 
-SOURCE_SCRIPT = r'''
-import json, os, stat, sys
-
-def out(**kw):
-    print(json.dumps(kw)); sys.exit(0)
-
-''' + inspect.getsource(core_source) + r'''
-job_dir, kind = sys.argv[1], sys.argv[2]
-parts = job_dir.rstrip("/").split("/")
-working_dir = "/".join(parts[:-3]) or "/"
-if parts[-3:-1] != [".mmt", "jobs"] or not os.path.isdir(working_dir):
-    out(ok=False, code="working_dir_missing",
-        error=f"The working directory {working_dir} does not exist on the target.")
-path = working_dir
-for part in parts[-3:]:
-    path = os.path.join(path, part)
-    try:
-        os.mkdir(path, 0o700)
-    except FileExistsError:
-        pass
-    st = os.lstat(path)
-    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
-        out(ok=False, code="symlink_refused", error=f"{path} is a symbolic link or not a directory: remove it.")
-os.chmod(job_dir, 0o700)
-if os.path.lexists(os.path.join(job_dir, "source")):
-    out(ok=True, existing=True)
-try:
-    if kind == "archive":
-        out(ok=True, existing=False, files=unpack_source(sys.stdin.buffer, job_dir))
-    clone_source(sys.argv[3], sys.argv[4], job_dir, "on the target", 1800)
-    out(ok=True, existing=False)
-except SourceError as exc:
-    out(ok=False, code=exc.code, error=str(exc))
-except (OSError, tarfile.TarError, EOFError) as exc:
-    out(ok=False, code="source_failed", error=f"The source could not be unpacked on the target: {exc}.")
-'''
-
-LIST_SCRIPT = r'''
-import base64, hashlib, json, os, stat, sys
-
-''' + inspect.getsource(results.file_sha256) + inspect.getsource(results.walk_outputs) + \
-    inspect.getsource(core_outputs.read_limited) + inspect.getsource(core_outputs.read_outputs) + r'''
-try:
-    listing = read_outputs(sys.argv[1], int(sys.argv[2]))
-except ValueError as exc:
-    print(json.dumps({"error": str(exc)})); sys.exit(0)
-for key in ("result", "manifest"):
-    if listing[key] is not None:
-        listing[key] = base64.b64encode(listing[key]).decode()
-print(json.dumps(listing))
-'''
-
-CAT_SCRIPT = r'''
-import os, sys
-path, offset, length = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
-out = sys.stdout.buffer
-while length > 0:
-    data = os.pread(fd, min(length, 1 << 20), offset)
-    if not data:
-        break
-    out.write(data)
-    offset += len(data)
-    length -= len(data)
-out.flush()
-'''
+FILES = ship.Program.of_modules(core_source, core_outputs, target_files)
+NET = ship.Program.of_file(target_net.__file__)
 
 
 class RemoteFileError(Exception):
@@ -107,12 +47,10 @@ def fetch_source(connection, *, python: str, job_dir: str, source: dict, archive
     """Put the job's source at `<job_dir>/source` (nothing happens if it is there already). `archive`
     is an open binary file with the .tar.gz for an archive source."""
     if source.get("kind") == "archive":
-        argv = [python, "-I", "-c", SOURCE_SCRIPT, job_dir, "archive"]
-        ran = connection.run(argv, stdin=archive, timeout=1800)
+        ran = ship.run(connection, python, FILES, ["source", job_dir, "archive"], stdin=archive, timeout=1800)
     elif source.get("kind") == "git":
-        argv = [python, "-I", "-c", SOURCE_SCRIPT, job_dir, "git", str(source.get("url") or ""),
-                str(source.get("ref") or "HEAD")]
-        ran = connection.run(argv, timeout=3600)
+        ran = ship.run(connection, python, FILES, ["source", job_dir, "git", str(source.get("url") or ""),
+                                                   str(source.get("ref") or "HEAD")], timeout=3600)
     else:
         raise RemoteFileError("source_invalid", f"The worker does not know the source kind {source.get('kind')!r}.")
     answer = _last_json(ran.stdout)
@@ -128,7 +66,7 @@ def fetch_source(connection, *, python: str, job_dir: str, source: dict, archive
 def list_outputs(connection, *, python: str, outputs_dir: str, max_files: int) -> dict:
     """{"files": [{path, size, sha256, kind}], "result": bytes | None, "manifest": bytes | None,
     "too_many": bool}."""
-    ran = connection.run([python, "-I", "-c", LIST_SCRIPT, outputs_dir, str(max_files)], timeout=3600)
+    ran = ship.run(connection, python, FILES, ["list", outputs_dir, str(max_files)], timeout=3600)
     answer = _last_json(ran.stdout)
     if answer is None or answer.get("error"):
         detail = (answer or {}).get("error") or " | ".join(
@@ -148,7 +86,8 @@ class RemoteRange:
         self._left = length
         self._stream = None
         self._buffer = b""
-        self._argv = [python, "-I", "-c", CAT_SCRIPT, path, str(offset), str(length)]
+        self._python = python
+        self._args = ["cat", path, str(offset), str(length)]
         self._connection = connection
         self._timeout = timeout
 
@@ -159,7 +98,7 @@ class RemoteRange:
         if self._left <= 0:
             return b""
         if self._stream is None:
-            self._stream = self._connection.stream(self._argv, stdin=b"", timeout=self._timeout)
+            self._stream = ship.stream(self._connection, self._python, FILES, self._args, timeout=self._timeout)
         if n is None or n < 0:
             n = self._left
         while len(self._buffer) < min(n, self._left):
@@ -182,6 +121,26 @@ class RemoteRange:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def open_frames(connection, python: str, outputs_dir: str, files: list[dict], *,
+                timeout: float = 60.0) -> core_outputs.FramedBody:
+    """`files` ([{path, size}] under `outputs_dir` on the target) as the body of one batch upload,
+    read there by one program over one stream."""
+    stream = ship.stream(connection, python, FILES, ["frames", outputs_dir], stdin=json.dumps(files).encode(),
+                         timeout=timeout)
+    return core_outputs.FramedBody(files, stream)
+
+
+def net_fact(connection, python: str, *args: str) -> str:
+    """`free-port` or `resolve NAME…` (worker_agent/target/net.py) on the target: its stdout, stripped.
+    RemoteFileError("target_failed") with the last line of its stderr when it fails."""
+    ran = ship.run(connection, python, NET, args, timeout=30)
+    if ran.exit_code != 0:
+        tail = ran.stderr.decode("utf-8", "replace").strip().splitlines()[-1:]
+        raise RemoteFileError("target_failed", f"{python} on the computer exited with {ran.exit_code}"
+                              + (f": {tail[0]}" if tail else "."))
+    return ran.stdout.decode("utf-8", "replace").strip()
 
 
 TRANSIENT = (ConnectError, CommandTimeout, ConnectionError, OSError, EOFError)

@@ -26,9 +26,9 @@ import os
 import shlex
 import subprocess
 import tempfile
-from pathlib import Path
 
 from worker_agent import authorized_keys, jobenv
+from worker_agent.core import ship
 
 log = logging.getLogger("mado.worker.jobs")
 
@@ -38,7 +38,7 @@ KNOWN_HOSTS_PATH = f"{SSH_DIR}/known_hosts"
 CONFIG_PATH = f"{SSH_DIR}/config"
 BIN_DIR = f"{SSH_DIR}/bin"
 WRAPPER_PATH = f"{BIN_DIR}/ssh"
-SOURCE = Path(authorized_keys.__file__).read_text(encoding="utf-8")
+PROGRAM = ship.Program.of_file(authorized_keys.__file__)  # run on each replica's computer by its hash
 # The key outlives the walltime by this much (stopping, uploads); without a walltime it expires after
 # NO_WALLTIME_SECONDS unless the worker removed it first.
 EXPIRY_MARGIN_SECONDS = 3600
@@ -206,13 +206,9 @@ def replica_files(*, job_dir: str, peers: list[dict], known_hosts: str, private_
 
 # -- authorized_keys on the replicas' computers -------------------------------------------------------
 
-def edit_command(python: str, op: dict) -> list[str]:
-    return [python or "python3", "-I", "-c", SOURCE, json.dumps(op, sort_keys=True)]
-
-
 def edit(connection, python: str, op: dict, *, timeout: float = 60.0) -> dict:
     """Run one authorized_keys operation (worker_agent/authorized_keys.py) on a computer."""
-    ran = connection.run(edit_command(python, op), timeout=timeout)
+    ran = ship.run(connection, python, PROGRAM, [json.dumps(op, sort_keys=True)], timeout=timeout)
     text = ran.stdout.decode("utf-8", "replace").strip().splitlines()
     try:
         answer = json.loads(text[-1]) if text else {}

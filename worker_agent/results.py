@@ -111,12 +111,12 @@ import hashlib
 import json
 import math
 import mimetypes
-import os
 import re
-import stat
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Iterable, NoReturn
+
+from worker_agent.core import outputs as core_outputs
 
 RESULT_FILENAME = "result.json"
 MAX_RESULT_BYTES = 1024 * 1024
@@ -166,47 +166,11 @@ _COMPRESSION_TYPES = {
 # Built from Python's own table only, so the guess does not depend on the host's mime.types files.
 _MIME_TABLE = mimetypes.MimeTypes()
 
+# The outputs directory is listed by worker_agent.core.outputs (the site runner in-process, SSH targets in
+# the `files` program); the site runner knows these two by this module.
+file_sha256 = core_outputs.file_sha256
+walk_outputs = core_outputs.walk_outputs
 
-
-# Listing the outputs directory -----------------------------------------------------------------
-# Run in-process by the site runner and, as program text (inspect.getsource), on SSH targets by the
-# worker (worker_agent.remote_files): so both must use only os, stat and hashlib.
-
-def file_sha256(path):
-    """sha256 of a regular file, read without following a symbolic link."""
-    digest = hashlib.sha256()
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
-    with os.fdopen(fd, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def walk_outputs(root, max_files):
-    """([{path, size, sha256, kind: file|dir|symlink|special}], too_many) for the tree under `root`,
-    in sorted order, never following links; stops once it saw more than `max_files` (+2: result.json
-    and a manifest) entries other than directories."""
-    files = []
-    counted = 0
-    for dirpath, dirnames, filenames in os.walk(root):
-        rel_dir = os.path.relpath(dirpath, root)
-        for name in sorted(dirnames) + sorted(filenames):
-            full = os.path.join(dirpath, name)
-            rel = name if rel_dir == "." else rel_dir + "/" + name
-            st = os.lstat(full)
-            if stat.S_ISLNK(st.st_mode):
-                files.append({"path": rel, "size": 0, "sha256": "", "kind": "symlink"})
-            elif stat.S_ISDIR(st.st_mode):
-                files.append({"path": rel, "size": 0, "sha256": "", "kind": "dir"})
-            elif stat.S_ISREG(st.st_mode):
-                files.append({"path": rel, "size": st.st_size, "sha256": file_sha256(full), "kind": "file"})
-            else:
-                files.append({"path": rel, "size": 0, "sha256": "", "kind": "special"})
-            counted += files[-1]["kind"] != "dir"
-            if counted > max_files + 2:
-                return files, True
-        dirnames[:] = [d for d in dirnames if not os.path.islink(os.path.join(dirpath, d))]
-    return files, False
 
 @dataclass(frozen=True)
 class OutputFile:

@@ -102,9 +102,11 @@ def test_a_git_source_is_cloned_at_its_ref_and_a_bad_ref_leaves_nothing(tmp_path
     assert failed.value.code == "git_failed" and list((tmp_path / "b").iterdir()) == []
 
 
-def run_program(script: str, *args: str, stdin: bytes = b"") -> dict:
-    """One of remote_files' programs as a target runs it: `python3 -I -c SCRIPT …`, its last line JSON."""
-    ran = subprocess.run([sys.executable, "-I", "-c", script, *args], input=stdin, capture_output=True, timeout=60)
+def run_program(program, *args: str, stdin: bytes = b"") -> dict:
+    """One of the worker's programs with the flags a target runs it with (worker_agent.core.ship), its
+    last line JSON."""
+    ran = subprocess.run([sys.executable, "-I", "-S", "-c", program.source, *args], input=stdin, capture_output=True,
+                         timeout=60)
     assert ran.returncode == 0, ran.stderr
     return json.loads(ran.stdout.decode().splitlines()[-1])
 
@@ -112,14 +114,14 @@ def run_program(script: str, *args: str, stdin: bytes = b"") -> dict:
 def test_the_workers_program_on_a_target_unpacks_with_the_same_checks(tmp_path):
     job_dir = str(tmp_path / ".mmt/jobs/7")
     bad = tar_gz((member("ok.txt"), b"fine"), (member("../../../../escaped.txt"), b"x")).read()
-    assert run_program(remote_files.SOURCE_SCRIPT, job_dir, "archive", stdin=bad) == {
+    assert run_program(remote_files.FILES, "source", job_dir, "archive", stdin=bad) == {
         "ok": False, "code": "source_unsafe",
         "error": "The source archive holds the unsafe path '../../../../escaped.txt'; upload it again without it."}
     assert os.listdir(job_dir) == [] and not (tmp_path / "escaped.txt").exists()
     good = tar_gz((member("train.py"), b"print(1)\n")).read()
-    assert run_program(remote_files.SOURCE_SCRIPT, job_dir, "archive", stdin=good) == {
+    assert run_program(remote_files.FILES, "source", job_dir, "archive", stdin=good) == {
         "ok": True, "existing": False, "files": 1}
-    assert run_program(remote_files.SOURCE_SCRIPT, job_dir, "archive", stdin=good) == {"ok": True, "existing": True}
+    assert run_program(remote_files.FILES, "source", job_dir, "archive", stdin=good) == {"ok": True, "existing": True}
     assert (tmp_path / ".mmt/jobs/7/source/train.py").read_bytes() == b"print(1)\n"
 
 
@@ -139,7 +141,7 @@ def test_the_outputs_are_listed_with_result_json_and_the_manifest_it_names(tmp_p
     assert listing["manifest"] == b'{"path": "model/w.bin"}\n' and listing["result"].startswith(b'{"version": 2')
     assert not listing["too_many"]
     assert read_outputs(str(tmp_path / "none"), 100)["files"] == []
-    remote = run_program(remote_files.LIST_SCRIPT, str(out), "100")  # the worker's program on a target
+    remote = run_program(remote_files.FILES, "list", str(out), "100")  # the worker's program on a target
     assert remote["files"] == listing["files"] and base64.b64decode(remote["manifest"]) == listing["manifest"]
     with pytest.raises(ValueError, match="symbolic link"):
         read_outputs(str(out / "elsewhere"), 100)

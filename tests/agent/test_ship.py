@@ -8,7 +8,10 @@ import os
 import stat
 import sys
 import threading
+import time
 import uuid
+
+import pytest
 
 from worker_agent.core import ship
 from worker_agent.ssh import Connection, LocalConnection, Target
@@ -163,3 +166,115 @@ def test_over_ssh_the_login_users_home_keeps_the_program(sshd):
             again.inner.close()
     finally:
         connection.inner.close()
+
+
+# -- the cache prunes itself ----------------------------------------------------------------------
+
+DAY = 86400
+
+
+def age(path, days: float) -> float:
+    """Sets the file's mtime `days` back; returns that mtime."""
+    when = time.time() - days * DAY
+    os.utime(path, (when, when))
+    return os.stat(path).st_mtime
+
+
+def test_storing_a_program_removes_what_no_run_touched_for_30_days(tmp_path):
+    directory = tmp_path / ".cache/mado/programs"
+    old, recent = echo_program(), echo_program()
+    answer(ship.run(local(tmp_path), sys.executable, old))
+    answer(ship.run(local(tmp_path), sys.executable, recent))
+    for name in (f"{old.sha256}.py", f"{old.sha256}.{TAG}.code"):
+        age(directory / name, 31)
+    (directory / f"{old.sha256}.py.4242.tmp").write_bytes(b"a store cut short")
+    age(directory / f"{old.sha256}.py.4242.tmp", 31)
+    kept_time = age(directory / f"{recent.sha256}.py", 29)
+    (directory / "notes.txt").write_text("not ours")
+    age(directory / "notes.txt", 100)
+
+    answer(ship.run(local(tmp_path), sys.executable, echo_program()))  # a store: the send path prunes
+
+    names = set(os.listdir(directory))
+    assert not {n for n in names if n.startswith(old.sha256)}
+    assert {f"{recent.sha256}.py", f"{recent.sha256}.{TAG}.code", "notes.txt"} <= names
+    assert os.stat(directory / f"{recent.sha256}.py").st_mtime == kept_time
+    again = local(tmp_path)
+    assert answer(ship.run(again, sys.executable, old, stdin=b"back"))["stdin"] == "back"  # sent again
+    assert [stdin for _, stdin in again.sent] == [b"back", old.source + b"back"]
+
+
+def test_a_run_by_hash_keeps_its_program_fresh_touching_it_at_most_once_a_day(tmp_path):
+    program = echo_program()
+    answer(ship.run(local(tmp_path), sys.executable, program))
+    stored = tmp_path / ".cache/mado/programs" / f"{program.sha256}.py"
+    code = stored.with_name(f"{program.sha256}.{TAG}.code")
+    age(code, 3)
+    age(stored, 3)
+    answer(ship.run(local(tmp_path), sys.executable, program))
+    assert stored.stat().st_mtime > time.time() - DAY and code.stat().st_mtime > time.time() - DAY
+    half_a_day = age(stored, 0.5)
+    answer(ship.run(local(tmp_path), sys.executable, program))
+    assert stored.stat().st_mtime == half_a_day  # no write while it is fresh enough
+
+
+# -- a file as stdin, programs of several modules ---------------------------------------------------
+
+def digest_program() -> ship.Program:
+    source = (f"# {uuid.uuid4().hex}\nimport hashlib, sys\n"
+              "print(hashlib.sha256(sys.stdin.buffer.read()).hexdigest())\n")
+    return ship.Program(source.encode(), "digest.py")
+
+
+def test_a_file_as_stdin_goes_once_with_the_program_then_by_hash_and_again_from_its_start(tmp_path):
+    import hashlib
+    import tempfile
+
+    program, connection = digest_program(), local(tmp_path)
+    payload = os.urandom(300_000)
+    with tempfile.TemporaryFile() as archive:
+        archive.write(b"skipped" + payload)
+
+        def digest() -> str:
+            archive.seek(len(b"skipped"))
+            ran = ship.run(connection, sys.executable, program, stdin=archive)
+            assert ran.exit_code == 0, ran.stderr
+            return ran.stdout.decode().strip()
+
+        assert digest() == hashlib.sha256(payload).hexdigest()
+        assert digest() == hashlib.sha256(payload).hexdigest()
+        (tmp_path / ".cache/mado/programs" / f"{program.sha256}.py").unlink()
+        assert digest() == hashlib.sha256(payload).hexdigest()
+    sends = [f"{program.sha256}:{len(program.source)}" in argv for argv, _ in connection.sent]
+    assert sends == [True, False, False, True]  # unknown: sent at once; known: by hash; lost: sent again
+
+
+def write_module(directory, name: str, text: str):
+    import types
+
+    path = directory / f"{name.replace('.', '_')}.py"
+    path.write_text(text)
+    module = types.ModuleType(name)
+    module.__file__ = str(path)
+    return module
+
+
+def test_modules_are_joined_into_one_program_without_their_imports_of_each_other(tmp_path):
+    base = write_module(tmp_path, "pkg.base", '"""Base."""\nfrom __future__ import annotations\nimport json\n\n\n'
+                                              'def shout(text: str) -> str:\n    return json.dumps(text.upper())\n')
+    main = write_module(tmp_path, "pkg.main", '"""Main."""\nimport sys\n\nfrom pkg.base import (\n    shout,\n)\n\n\n'
+                                              'if __name__ == "__main__":\n    print(shout(sys.argv[1]))\n')
+    program = ship.Program.of_modules(base, main)
+    assert program.name == "main.py" and program.source.startswith(b"from __future__ import annotations\n")
+    assert b"from pkg.base" not in program.source
+    ran = ship.run(local(tmp_path), sys.executable, program, ["hi"])
+    assert ran.exit_code == 0 and ran.stdout == b'"HI"\n', ran.stderr
+
+    with pytest.raises(ValueError, match="pkg.main imports shout from pkg.base, which is not an earlier module"):
+        ship.Program.of_modules(main, base)
+    twice = write_module(tmp_path, "pkg.twice", "def shout(text):\n    return text\n")
+    with pytest.raises(ValueError, match="pkg.twice and pkg.base both define shout"):
+        ship.Program.of_modules(base, twice)
+    for text in ("import pkg.base\n", "from pkg import base\n", "from pkg.base import shout as loud\n"):
+        with pytest.raises(ValueError):
+            ship.Program.of_modules(base, write_module(tmp_path, "pkg.other", text))

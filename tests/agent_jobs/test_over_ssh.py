@@ -20,6 +20,7 @@ from tests.agent_jobs.conftest import PYTHON, live_processes_with, process_spec,
 from tests.agent_jobs.test_runtime_jobs import TOKEN, job_payload
 from tests.agent_jobs.test_supervisor import collect, joined
 from worker_agent import dataset_transfer, supervisor
+from worker_agent.core import ship
 from worker_agent.runtimes import TargetFacts, build_spec
 from worker_agent.ssh import Connection, Target
 from worker_agent.supervisor import Remote
@@ -184,7 +185,7 @@ def test_a_complete_cache_entry_is_read_only_and_still_evicted(sshd, ssh_working
     connection = Connection(Target.from_api(sshd.connection())).open()
 
     def cache(*args: str, stdin: bytes = b"") -> dict:
-        ran = connection.run(dataset_transfer.command(PYTHON, *args), stdin=stdin, timeout=60)
+        ran = ship.run(connection, PYTHON, dataset_transfer.PROGRAM, args, stdin=stdin, timeout=60)
         assert ran.exit_code == 0, ran.stderr
         return json.loads(ran.stdout.decode().strip().splitlines()[-1])
 

@@ -14,6 +14,8 @@ import paramiko
 import pytest
 
 from worker_agent import authorized_keys, jobenv, replica_ssh
+from worker_agent.core import ship
+from worker_agent.ssh import LocalConnection
 
 TAG = "mado-job-42@gpu-host-1"
 THEIRS = (b"# the lab's keys\n"
@@ -64,13 +66,17 @@ class TestRewrite:
             assert authorized_keys.rewrite(line, remove=[TAG], worker="gpu-host-1", keep=[]) == (line, 0)
 
 
+def edit_on(home, op: dict):
+    """The operation as the worker runs it on a computer: the module shipped (worker_agent.core.ship), as
+    the SSH user whose home is `home`."""
+    computer = LocalConnection(env={"HOME": str(home), "PATH": os.environ["PATH"]})
+    return ship.run(computer, sys.executable, replica_ssh.PROGRAM, [json.dumps(op, sort_keys=True)], timeout=60)
+
+
 def run_remote(home, op: dict) -> dict:
-    """The operation as the worker runs it on a computer: the module's text with `python -I -c`."""
-    argv = replica_ssh.edit_command(sys.executable, op)
-    ran = subprocess.run(argv, capture_output=True, text=True, env={"HOME": str(home), "PATH": os.environ["PATH"]},
-                         timeout=60)
-    assert ran.returncode == 0, ran.stderr
-    return json.loads(ran.stdout.strip().splitlines()[-1])
+    ran = edit_on(home, op)
+    assert ran.exit_code == 0, ran.stderr
+    return json.loads(ran.stdout.decode().strip().splitlines()[-1])
 
 
 def authorize(home, tag=TAG, keep=(42,)) -> dict:
@@ -112,10 +118,9 @@ class TestOnAComputer:
 
     def test_a_file_that_cannot_be_rewritten_is_an_error_the_worker_can_report(self, tmp_path):
         (tmp_path / ".ssh" / "authorized_keys").mkdir(parents=True)  # (root may write anywhere: not a mode)
-        ran = subprocess.run(replica_ssh.edit_command(sys.executable, replica_ssh.authorize_op(
-            public_key=public_key(), tag=TAG, seconds=60, worker_id="gpu-host-1", keep=[42])),
-            capture_output=True, text=True, env={"HOME": str(tmp_path), "PATH": os.environ["PATH"]})
-        assert ran.returncode == 1 and "Is a directory" in json.loads(ran.stdout)["error"]
+        ran = edit_on(tmp_path, replica_ssh.authorize_op(public_key=public_key(), tag=TAG, seconds=60,
+                                                         worker_id="gpu-host-1", keep=[42]))
+        assert ran.exit_code == 1 and "Is a directory" in json.loads(ran.stdout)["error"]
 
 
 NODE_A = {"id": 3, "name": "node-a", "kind": "ssh", "host": "10.0.0.1", "port": 22, "ssh_user": "mmt"}

@@ -20,7 +20,7 @@ from datasets import services
 from datasets.models import Dataset, DatasetFile
 from mado.services import Actor
 
-PROGRAM = str(Path(__file__).resolve().parents[2] / "worker_agent" / "dataset_cache.py")
+PROGRAM = str(Path(__file__).resolve().parents[2] / "worker_agent" / "target" / "dataset_cache.py")
 
 
 def sha(data: bytes) -> str:

@@ -1,14 +1,48 @@
 """A job's outputs directory read as the result.json validator wants it, and its small files sent as
-frames for one batch upload (`FRAMES_SCRIPT`, `FramedBody`). The site runner calls `read_outputs` and
-`iter_frames` in-process; the worker sends them (with results.walk_outputs and file_sha256) as program
-text to SSH targets (worker_agent.remote_files, FRAMES_SCRIPT): no annotations, only json, os and stat
-there."""
-import inspect
+frames for one batch upload (`FramedBody`). The site runner calls `read_outputs` and `iter_frames`
+in-process; on SSH targets they run inside the `files` program (worker_agent/target/files.py, shipped
+by worker_agent.core.ship with this module's source): standard library only, no annotations."""
+import hashlib
 import json
 import os
 import stat
 
-from worker_agent.results import walk_outputs
+
+def file_sha256(path):
+    """sha256 of a regular file, read without following a symbolic link."""
+    digest = hashlib.sha256()
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    with os.fdopen(fd, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def walk_outputs(root, max_files):
+    """([{path, size, sha256, kind: file|dir|symlink|special}], too_many) for the tree under `root`,
+    in sorted order, never following links; stops once it saw more than `max_files` (+2: result.json
+    and a manifest) entries other than directories."""
+    files = []
+    counted = 0
+    for dirpath, dirnames, filenames in os.walk(root):
+        rel_dir = os.path.relpath(dirpath, root)
+        for name in sorted(dirnames) + sorted(filenames):
+            full = os.path.join(dirpath, name)
+            rel = name if rel_dir == "." else rel_dir + "/" + name
+            st = os.lstat(full)
+            if stat.S_ISLNK(st.st_mode):
+                files.append({"path": rel, "size": 0, "sha256": "", "kind": "symlink"})
+            elif stat.S_ISDIR(st.st_mode):
+                files.append({"path": rel, "size": 0, "sha256": "", "kind": "dir"})
+            elif stat.S_ISREG(st.st_mode):
+                files.append({"path": rel, "size": st.st_size, "sha256": file_sha256(full), "kind": "file"})
+            else:
+                files.append({"path": rel, "size": 0, "sha256": "", "kind": "special"})
+            counted += files[-1]["kind"] != "dir"
+            if counted > max_files + 2:
+                return files, True
+        dirnames[:] = [d for d in dirnames if not os.path.islink(os.path.join(dirpath, d))]
+    return files, False
 
 
 def read_limited(path, limit):
@@ -82,19 +116,10 @@ def frames_length(files):
     return sum(len(frame_header(f["path"], int(f["size"]))) + int(f["size"]) for f in files)
 
 
-# argv: the outputs directory; stdin: the JSON list of {path, size}; stdout: the frames.
-FRAMES_SCRIPT = "import json, os, sys\n" + inspect.getsource(frame_header) + inspect.getsource(iter_frames) + """
-out = sys.stdout.buffer
-for chunk in iter_frames(sys.argv[1], json.loads(sys.stdin.buffer.read())):
-    out.write(chunk)
-out.flush()
-"""
-
-
 class FramedBody:
     """The frames of `files` as an upload body (`read(n)`, `__len__`: sent with a Content-Length,
     streamed). `source` is what produces them: an iterator of byte strings (`iter_frames`, in-process) or
-    a stream with `read(n)` (FRAMES_SCRIPT's stdout over the job's connection, with `close()`). A source
+    a stream with `read(n)` (the `files` program's `frames` over the job's connection, with `close()`). A source
     that ends early raises OSError rather than sending less."""
 
     def __init__(self, files, source):

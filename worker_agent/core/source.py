@@ -1,6 +1,7 @@
 """A job's source into `<job_dir>/source`, which appears only once complete (an agent killed halfway
-fetches again): a .tar.gz unpacked, or a git URL cloned. The site runner calls it; the worker sends
-it as program text to SSH targets (worker_agent.remote_files): no annotations, standard library only."""
+fetches again): a .tar.gz unpacked, or a git URL cloned. The site runner calls it; on SSH targets it
+runs inside the `files` program (worker_agent/target/files.py, shipped by worker_agent.core.ship with
+this module's source): no annotations, standard library only."""
 import os
 import shutil
 import subprocess

@@ -1,5 +1,5 @@
-"""The dataset cache on a target: a standard-library program the worker runs there (`python3 -I -c
-<this file> <command> <cache_root>`), never imported by the worker. REFERENCE §6, seed 002.
+"""The dataset cache on a target: a standard-library program the worker runs there (`<command>
+<cache_root>`, shipped by worker_agent.core.ship), never imported by the worker. REFERENCE §6, seed 002.
 
 Layout under `<working_dir>/.mmt-cache/datasets/` (the root):
 
