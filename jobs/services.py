@@ -451,7 +451,7 @@ def requeue_unstarted(*, force: bool = False) -> list[int]:
     go back to the queue: a worker killed with its long-poll open, or gone before it started the job.
     Reservations, replicas and the job token go in the same transaction. A job that started (running)
     is never requeued, so nothing runs twice: a worker confirms the lease with a `running` heartbeat
-    before it starts the process (worker_agent.jobs). At most once a second per process unless forced."""
+    before it starts the process (worker_agent.job_runner). At most once a second per process unless forced."""
     global _last_requeue
     if not force and time.monotonic() - _last_requeue < 1.0:
         return []

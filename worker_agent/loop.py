@@ -1,7 +1,7 @@
 """The worker's main loop: presence, connection checks, directory reads and jobs.
 
-Jobs have their own threads (`worker_agent.jobs`: the claim loop, one runner and one heartbeat
-thread per job, GPU telemetry), and so does the GPU watch (`worker_agent.gpu_watch`: one per computer
+Jobs have their own threads (`worker_agent.jobs`: the claim loop and GPU telemetry;
+`worker_agent.job_runner` and `worker_agent.cluster_runner`: one runner and one heartbeat thread per job), and so does the GPU watch (`worker_agent.gpu_watch`: one per computer
 with registered GPUs that the hello's answer lists). Three more threads here: presence (`worker/hello` at start and
 every `hello_interval_seconds`, re-scanning key candidates each time), checks and reads (each a
 long-poll claim → handle → complete, so a read queued while the worker waits is answered as soon as

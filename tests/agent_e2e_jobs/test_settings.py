@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from worker_agent.config import WorkerConfig
-from worker_agent.jobs import Rechunker
+from worker_agent.job_runner import Rechunker
 from worker_agent.runtimes import TargetFacts, build_spec
 from worker_agent.supervisor import LogChunk
 
