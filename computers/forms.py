@@ -108,7 +108,8 @@ class SettingsForm(forms.Form):
                                  help_text=_("When enabled, Jobs start running on this computer"))
 
     def __init__(self, *args, gpus=(), **kwargs):
-        super().__init__(*args, label_suffix="", **kwargs)
+        kwargs.setdefault("label_suffix", "")  # EditForm reaches here through ConnectionForm, which set it
+        super().__init__(*args, **kwargs)
         self.gpus = list(gpus)
         self.fields["gpu_detected"].choices = [(str(g.get("index")), gpu_label(g)) for g in self.gpus]
         _path_inputs(self)
@@ -134,22 +135,15 @@ class EditForm(ConnectionForm, SettingsForm):
     they are disabled, keep the computer's values (the initial ones) whatever is sent, and say why
     beside them (`locked_reason`)."""
 
-    def __init__(self, *args, workers=(), gpus=(), locked=(), locked_reason="", **kwargs):
-        forms.Form.__init__(self, *args, label_suffix="", **kwargs)
-        self.workers = list(workers)
-        self.gpus = list(gpus)
+    def __init__(self, *args, locked=(), locked_reason="", **kwargs):
+        super().__init__(*args, **kwargs)  # ConnectionForm's workers=, then SettingsForm's gpus=
         del self.fields["kind"]  # the type of a computer does not change
-        self.fields["worker"].choices = [("", "—")] + [(str(w.pk), worker_label(w)) for w in self.workers]
-        if len(self.workers) == 1 and not self.initial.get("worker"):
-            self.initial["worker"] = str(self.workers[0].pk)  # only one online: already chosen, as in step 1
-        self.fields["gpu_detected"].choices = [(str(g.get("index")), gpu_label(g)) for g in self.gpus]
         self.locked = [name for name in locked if name in self.fields]
         if "gpu_ids" in self.locked:
             self.locked.append("gpu_detected")  # the checkboxes fill GPU IDs
         for name in self.locked:
             self.fields[name].disabled = True
             self.fields[name].locked_reason = locked_reason
-        _path_inputs(self)
 
 
 class SuggestedSettingsForm(forms.Form):

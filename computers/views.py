@@ -49,9 +49,10 @@ from computers.forms import (
 )
 from computers.models import ComputeTarget, ConnectionCheck, DirectoryRead
 from mado import access as identity
-from mado.dialogs import dialog
+from mado.dialogs import dialog, page_or_part
 from mado.errors import ServiceError
 from mado.forms import add_service_error as shared_add_service_error
+from mado.forms import service_refusals
 from mado.services import Actor
 from mado.validation import BIGINT_MAX, as_int
 
@@ -86,10 +87,8 @@ DETAIL_FAILURES = {
 @login_required
 @require_GET
 def computer_list(request):
-    context = _list_context(request, request.GET.get("page"))
-    if request.htmx and request.GET.get("fragment") == "list":
-        return render(request, "computers/partials/_computer_list.html", context)
-    return render(request, "computers/computer_list.html", context)
+    return page_or_part(request, "computers/computer_list.html", "computers/partials/_computer_list.html",
+                        _list_context(request, request.GET.get("page")))
 
 
 @login_required
@@ -339,9 +338,7 @@ def _render_connection(request, form: ConnectionForm, *, target=None, check=None
         "error": error,
         "action": action,
     }
-    refresh = check is not None and check.is_open and not request.htmx
-    return _dialog(request, "computers/partials/_add_connection.html", context, title=_("Add computer"),
-                   refresh=refresh)
+    return _dialog(request, "computers/partials/_add_connection.html", context, title=_("Add computer"), check=check)
 
 
 @login_required
@@ -367,12 +364,9 @@ def computer_settings(request, pk):
         return _render_settings(request, target, check=check, worker=worker)
     form = SettingsForm(request.POST, gpus=check_suggestions(check)["gpus"])
     if form.is_valid():
-        try:
+        with service_refusals(form, add_service_error):
             target = services.update_computer(Actor.from_request(request), target, form.settings_values())
-        except ServiceError as error:
-            add_service_error(form, error)
-        else:
-            return _saved(request, target)
+            return show_saved(request, target)
     return _render_settings(request, target, check=check, worker=worker, form=form)
 
 
@@ -436,7 +430,7 @@ def computer_edit(request, pk):
     except ServiceError as error:
         add_service_error(form, error)
         return _render_edit(request, target, form=form, locked=error.code == "computer_in_use")
-    return _saved(request, target)
+    return show_saved(request, target)
 
 
 def _check_again(request, target, form: EditForm, actor: Actor):
@@ -538,8 +532,7 @@ def _render_edit(request, target, *, form=None, initial=None, check=None, locked
         "tab": tab if tab in ("connection", "settings") else "connection",
         "action": reverse("computer-edit", args=[target.pk]),
     }
-    refresh = check is not None and check.is_open and not request.htmx
-    return _dialog(request, "computers/partials/_edit.html", context, title=_("Edit computer"), refresh=refresh)
+    return _dialog(request, "computers/partials/_edit.html", context, title=_("Edit computer"), check=check)
 
 
 # Check progress (polled every second; 286 ends the polling) ------------------------------------
@@ -557,9 +550,12 @@ def computer_check_status(request, pk, check_id):
             if check.status == CheckStatus.SUCCEEDED:
                 return redirect(_settings_url(target, check=check, worker=check.requested_worker_id))
             return redirect(reverse("computer-connection", args=[target.pk]) + f"?check={check.pk}")
-        if check.is_open:
-            return render(request, "computers/partials/_check_progress.html",
-                          {"target": target, "check": check_view(check, flow="add")})
+    if flow == "edit" and not request.htmx:
+        return redirect(reverse("computer-edit", args=[target.pk]) + f"?check={check.pk}")
+    if flow in ("add", "edit") and check.is_open:
+        return render(request, "computers/partials/_check_progress.html",
+                      {"target": target, "check": check_view(check, flow=flow)})
+    if flow == "add":
         if check.status == CheckStatus.SUCCEEDED:
             worker = _online_worker(request, check.requested_worker_id)
             return _into_dialog(_render_settings(request, target, check=check, worker=worker))
@@ -568,11 +564,6 @@ def computer_check_status(request, pk, check_id):
         form = ConnectionForm(initial=initial, workers=access.workers_to_choose(request.user))
         return _into_dialog(_render_connection(request, form, target=target, check=check))
     if flow == "edit":
-        if not request.htmx:
-            return redirect(reverse("computer-edit", args=[target.pk]) + f"?check={check.pk}")
-        if check.is_open:
-            return render(request, "computers/partials/_check_progress.html",
-                          {"target": target, "check": check_view(check, flow="edit")})
         return _into_dialog(_render_edit(request, target, initial=initial_from(request.POST), check=check))
     if not request.htmx:
         return redirect(reverse("computer-detail", args=[target.pk]) + "#connection-check")
@@ -875,9 +866,10 @@ def add_service_error(form, error: ServiceError) -> None:
                 form.add_error(field, message)
 
 
-def _dialog(request, fragment: str, context: dict, *, title: str, refresh: bool = False):
+def _dialog(request, fragment: str, context: dict, *, title: str, check: ConnectionCheck | None = None):
     """A dialog's content for HTMX, or the same content as a whole page (which reloads itself every
-    two seconds while a worker is busy, since it has no HTMX to poll with)."""
+    two seconds while the worker runs `check`, since it has no HTMX to poll with)."""
+    refresh = check is not None and check.is_open and not request.htmx
     return dialog(request, fragment, {**context, "page_title": title, "refresh": refresh}, back=reverse("computers"),
                   page="computers/dialog_page.html")
 
@@ -885,16 +877,15 @@ def _dialog(request, fragment: str, context: dict, *, title: str, refresh: bool 
 def _into_dialog(response):
     """A finished check: the answer replaces the whole dialog and ends the polling (286)."""
     done = HttpResponseStopPolling(response.content)
-    for header in ("HX-Trigger",):
-        if header in response:
-            done[header] = response[header]
+    if "HX-Trigger" in response:
+        done["HX-Trigger"] = response["HX-Trigger"]
     return reswap(retarget(done, "#dialog-content"), "innerHTML")
 
 
-def _saved(request, target):
-    """After Save: the computer's details open below the list (in place of what was there), the list
-    refreshes, and the dialog closes once the details are in (closing first would detach the form
-    the answer belongs to)."""
+def show_saved(request, target):
+    """After Save (here and in the site form): the computer's details open below the list (in place of
+    what was there), the list refreshes, and the dialog closes once the details are in (closing first
+    would detach the form the answer belongs to)."""
     url = reverse("computer-detail", args=[target.pk])
     if not request.htmx:
         return redirect(url)

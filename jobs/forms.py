@@ -144,9 +144,7 @@ class JobForm(forms.Form):
         return bool(self.target and any(r in CONTAINER_RUNTIMES for r in self.target.runtimes))
 
     def _raw(self, name: str):
-        if self.is_bound:
-            return self.data.get(name)
-        return self.initial.get(name)
+        return (self.data if self.is_bound else self.initial).get(name)
 
     def _chosen_target(self) -> ComputeTarget | None:
         chosen = str(self._raw("computer") or "")

@@ -37,6 +37,7 @@ from mado import access as identity
 from mado.choices import Role
 from mado.dialogs import dialog, dialog_done
 from mado.errors import ServiceError
+from mado.forms import service_refusals
 from mado.services import Actor
 from mado.validation import BIGINT_MAX, as_int
 
@@ -97,11 +98,8 @@ def job_create(request, project):
     if request.method == "POST":
         form = JobForm(request.POST, user=request.user, project=project)
         if form.is_valid():
-            try:
+            with service_refusals(form, add_service_error):
                 job = services.create_job(Actor.from_request(request), project, form.service_data())
-            except ServiceError as error:
-                add_service_error(form, error)
-            else:
                 return redirect("job-detail", project=project.slug, pk=job.pk)
     else:
         # Choosing another computer reloads the fields that depend on it (HTMX), or the whole form
@@ -354,15 +352,9 @@ def job_stop(request, project, pk):
     origin = request.POST.get("from") or request.GET.get("from")
     back = (reverse("jobs", args=[job.project.slug]) if origin == "list"
             else reverse("job-detail", args=[job.project.slug, job.pk]))
-    error = None
-    if request.method == "POST":
-        try:
-            services.request_stop(Actor.from_request(request), job)
-        except ServiceError as refused:
-            error = refused.message
-            job.refresh_from_db()
-        else:
-            return dialog_done(request, "jobsChanged", back)
+    error = _decide(request, job, services.request_stop) if request.method == "POST" else None
+    if request.method == "POST" and error is None:
+        return dialog_done(request, "jobsChanged", back)
     context = {"project": job.project, "job": job, "refusal": access.stop_refusal(request.user, job),
                "error": error, "origin": origin or "detail",
                "queued": job.status in (JobStatus.QUEUED, JobStatus.WAITING_MANUAL)}
@@ -381,16 +373,21 @@ def job_mark_lost(request, project, pk):
     if not access.can_mark_lost(request.user, job):
         raise PermissionDenied(_("Only Project admins can mark a Job as lost."))
     back = reverse("job-detail", args=[job.project.slug, job.pk])
-    error = None
-    if request.method == "POST":
-        try:
-            services.mark_lost(Actor.from_request(request), job)
-        except ServiceError as refused:
-            error = refused.message
-            job.refresh_from_db()
-        else:
-            return dialog_done(request, "jobsChanged", back)
+    error = _decide(request, job, services.mark_lost) if request.method == "POST" else None
+    if request.method == "POST" and error is None:
+        return dialog_done(request, "jobsChanged", back)
     context = {"project": job.project, "job": job, "error": error, "refusal": access.lost_refusal(job),
                "heartbeat_age": _age(job.heartbeat_at) if job.heartbeat_at else ""}
     # Refusals are shown in the dialog with 200, as in Request stop: htmx swaps no 4xx answer.
     return dialog(request, "jobs/partials/_lost_dialog.html", context, back=back, page="jobs/dialog_page.html")
+
+
+def _decide(request, job: Job, decision) -> str | None:
+    """Carries out a dialog's decision on `job` (Request stop, Mark as lost), or says why it was refused;
+    the dialog then shows the job as the refusal saw it."""
+    try:
+        decision(Actor.from_request(request), job)
+    except ServiceError as refused:
+        job.refresh_from_db()
+        return refused.message
+    return None

@@ -1,10 +1,13 @@
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 from django import forms
 from django.conf import settings
 from django.utils.translation import gettext_lazy as _
 
 from mado.choices import Role
+from mado.errors import ServiceError
 
 
 class ServiceAccountForm(forms.Form):
@@ -82,3 +85,14 @@ def add_service_error(form: forms.Form, error, *, renamed: dict[str, str] | None
         form.add_error(next(iter(known)), error.message)
     else:
         form.add_error(None, error.message)
+
+
+@contextmanager
+def service_refusals(form: forms.Form, report=add_service_error):
+    """Runs a service call whose refusal (ServiceError) belongs on `form`, through `report`: the rest of
+    the block (often a `return`) runs only when the call succeeded; after a refusal the view goes on
+    after the block and draws the form again."""
+    try:
+        yield
+    except ServiceError as error:
+        report(form, error)

@@ -2,7 +2,6 @@
 Global administration → Users, and the set-password page of a one-time link."""
 from __future__ import annotations
 
-import json
 import math
 
 from django.conf import settings
@@ -22,7 +21,7 @@ from django.views.decorators.http import require_http_methods, require_POST
 
 from mado import access, authentication, services
 from mado.choices import Role, TokenKind
-from mado.dialogs import dialog, dialog_done
+from mado.dialogs import dialog, dialog_done, dialog_shown_once, page_or_part
 from mado.errors import ServiceError
 from mado.exceptions import json_bad_request, json_not_found, json_server_error
 from mado.forms import (
@@ -31,7 +30,7 @@ from mado.forms import (
     ServiceAccountForm,
     TokenForm,
     UserCreateForm,
-    add_service_error,
+    service_refusals,
 )
 from mado.models import ApiToken, Membership, ServiceAccount
 
@@ -87,9 +86,7 @@ def members(request, project):
     memberships = project.memberships.select_related("user").order_by("user__username")
     admins = sum(1 for m in memberships if m.role == Role.ADMIN)
     context = {"project": project, "memberships": memberships, "admin_count": admins, "is_project_admin": True}
-    if request.htmx and request.GET.get("fragment") == "list":
-        return render(request, "mado/partials/_member_list.html", context)
-    return render(request, "mado/members.html", context)
+    return page_or_part(request, "mado/members.html", "mado/partials/_member_list.html", context)
 
 
 @login_required
@@ -98,11 +95,8 @@ def member_add(request, project):
     project = _members_project(request, project)
     form = MemberAddForm(request.POST or None)
     if request.method == "POST" and form.is_valid():
-        try:
+        with service_refusals(form):
             services.set_membership(services.Actor.from_request(request), project, only_new=True, **form.cleaned_data)
-        except ServiceError as error:
-            add_service_error(form, error)
-        else:
             return dialog_done(request, "membersChanged", reverse("project-members", args=[project.slug]))
     return dialog(request, "mado/partials/_member_add_form.html", {"project": project, "form": form},
                   back=reverse("project-members", args=[project.slug]))
@@ -115,12 +109,9 @@ def member_role(request, project, membership_id):
     membership = get_object_or_404(Membership.objects.select_related("user"), pk=membership_id, project=project)
     form = MemberRoleForm(request.POST or None, initial={"role": membership.role})
     if request.method == "POST" and form.is_valid():
-        try:
+        with service_refusals(form):
             services.set_membership(services.Actor.from_request(request), project,
                                     username=membership.user.username, role=form.cleaned_data["role"])
-        except ServiceError as error:
-            add_service_error(form, error)
-        else:
             return dialog_done(request, "membersChanged", reverse("project-members", args=[project.slug]))
     return dialog(request, "mado/partials/_member_role_form.html",
                   {"project": project, "membership": membership, "form": form},
@@ -159,10 +150,7 @@ def users(request):
     people = (User.objects.filter(service_account__isnull=True).order_by("username")
               .prefetch_related(Prefetch("memberships", Membership.objects.select_related("project")
                                          .order_by("project__name"))))
-    context = {"people": people}
-    if request.htmx and request.GET.get("fragment") == "list":
-        return render(request, "mado/partials/_user_list.html", context)
-    return render(request, "mado/users.html", context)
+    return page_or_part(request, "mado/users.html", "mado/partials/_user_list.html", {"people": people})
 
 
 @login_required
@@ -173,12 +161,9 @@ def user_create(request):
     if request.method == "POST" and form.is_valid():
         data = form.cleaned_data
         actor = services.Actor.from_request(request)
-        try:
+        with service_refusals(form):
             user = services.create_user(actor, username=data["username"], email=data["email"],
                                         password=data["password"])
-        except ServiceError as error:
-            add_service_error(form, error)
-        else:
             link = None if data["password"] else _set_password_url(actor, user)
             return _user_ready(request, user, link, created=True)
     return dialog(request, "mado/partials/_user_form.html", {"form": form}, back=reverse("users"))
@@ -208,14 +193,10 @@ def _set_password_url(actor, user) -> str:
 
 def _user_ready(request, person, link: str | None, *, created: bool):
     """The answer after creating a user or a new link: the link is shown once, like a token."""
-    response = dialog(request, "mado/partials/_user_ready.html",
-                      {"person": person, "link": link, "created": created,
-                       "timeout_days": max(1, settings.PASSWORD_RESET_TIMEOUT // 86400)},
-                      back=reverse("users"))
-    response["Cache-Control"] = "no-store"
-    if request.htmx:
-        response["HX-Trigger"] = json.dumps({"usersChanged": True})
-    return response
+    return dialog_shown_once(request, "mado/partials/_user_ready.html",
+                             {"person": person, "link": link, "created": created,
+                              "timeout_days": max(1, settings.PASSWORD_RESET_TIMEOUT // 86400)},
+                             event="usersChanged", back=reverse("users"))
 
 
 class SetPasswordView(auth_views.PasswordResetConfirmView):
@@ -247,9 +228,7 @@ def service_accounts(request, project):
     accounts = project.service_accounts.select_related("created_by").annotate(usable_tokens=Count(
         "user__api_tokens", filter=Q(user__api_tokens__revoked_at__isnull=True, user__api_tokens__expires_at__gt=now)))
     context = {"project": project, "accounts": accounts, "is_project_admin": True}
-    if request.htmx and request.GET.get("fragment") == "list":
-        return render(request, "mado/partials/_service_account_list.html", context)
-    return render(request, "mado/service_accounts.html", context)
+    return page_or_part(request, "mado/service_accounts.html", "mado/partials/_service_account_list.html", context)
 
 
 @login_required
@@ -258,11 +237,8 @@ def service_account_create(request, project):
     project = access.project_for_user(request.user, project, Role.ADMIN)
     form = ServiceAccountForm(request.POST or None)
     if request.method == "POST" and form.is_valid():
-        try:
+        with service_refusals(form):
             services.create_service_account(services.Actor.from_request(request), project, **form.cleaned_data)
-        except ServiceError as error:
-            add_service_error(form, error)
-        else:
             return dialog_done(request, "serviceAccountsChanged", reverse("service-accounts", args=[project.slug]))
     return dialog(request, "mado/partials/_service_account_form.html", {"project": project, "form": form},
                    back=reverse("service-accounts", args=[project.slug]))
@@ -281,13 +257,10 @@ def service_account_token_create(request, project, account_id):
         form.add_error(None, _("The Service Account %(name)s is disabled; create a new one instead.")
                        % {"name": account.name})
     elif request.method == "POST" and form.is_valid():
-        try:
+        with service_refusals(form):
             token, plaintext = services.issue_service_account_token(
                 services.Actor.from_request(request), account, **form.cleaned_data
             )
-        except ServiceError as error:
-            add_service_error(form, error)
-        else:
             return _token_shown_once(request, project, token, plaintext, holder=account.name,
                                      back=reverse("service-accounts", args=[project.slug]))
     return dialog(request, "mado/partials/_token_form.html", context, back=reverse("service-accounts", args=[project.slug]))
@@ -316,9 +289,7 @@ def project_tokens(request, project):
         "is_project_admin": access.has_role(request.user, project, Role.ADMIN),
         "can_issue": access.has_role(request.user, project, Role.MEMBER),
     }
-    if request.htmx and request.GET.get("fragment") == "list":
-        return render(request, "mado/partials/_token_list.html", context)
-    return render(request, "mado/project_tokens.html", context)
+    return page_or_part(request, "mado/project_tokens.html", "mado/partials/_token_list.html", context)
 
 
 @login_required
@@ -333,12 +304,9 @@ def personal_token_create(request, project):
     form = TokenForm(request.POST or None, allowed_scopes=allowed, initial=initial)
     context = {"project": project, "form": form, "action": reverse("personal-token-create", args=[project.slug])}
     if request.method == "POST" and form.is_valid():
-        try:
+        with service_refusals(form):
             token, plaintext = services.issue_personal_token(services.Actor.from_request(request), project,
                                                              **form.cleaned_data)
-        except ServiceError as error:
-            add_service_error(form, error)
-        else:
             return _token_shown_once(request, project, token, plaintext, holder=request.user.username,
                                      back=reverse("project-tokens", args=[project.slug]))
     return dialog(request, "mado/partials/_token_form.html", context, back=reverse("project-tokens", args=[project.slug]))
@@ -407,8 +375,4 @@ def server_error(request):
 
 def _token_shown_once(request, project, token, plaintext, *, holder: str, back: str):
     context = {"project": project, "token": token, "plaintext": plaintext, "holder": holder}
-    response = dialog(request, "mado/partials/_token_issued.html", context, back=back)
-    response["Cache-Control"] = "no-store"
-    if request.htmx:
-        response["HX-Trigger"] = json.dumps({"tokensChanged": True})
-    return response
+    return dialog_shown_once(request, "mado/partials/_token_issued.html", context, event="tokensChanged", back=back)

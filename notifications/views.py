@@ -1,8 +1,6 @@
 """Project settings → Notifications: rules, their delivery log, Send test. Thin: access, then services."""
 from __future__ import annotations
 
-import json
-
 from django.contrib.auth.decorators import login_required
 from django.shortcuts import redirect, render
 from django.urls import reverse
@@ -12,9 +10,8 @@ from django.views.decorators.http import require_http_methods, require_POST
 from computers import access as computer_access
 from mado import access as identity
 from mado.choices import Role
-from mado.dialogs import dialog
-from mado.errors import ServiceError
-from mado.forms import add_service_error
+from mado.dialogs import dialog, dialog_shown_once, page_or_part
+from mado.forms import service_refusals
 from mado.services import Actor
 from notifications import access, delivery, services
 from notifications.choices import DeliveryStatus
@@ -31,10 +28,8 @@ def _context(request, project, **more):
 def rule_list(request, project):
     project = identity.project_for_user(request.user, project, Role.MEMBER)
     rules = access.rules_visible_to(request.user, project)
-    context = _context(request, project, rules=rules)
-    if request.htmx and request.GET.get("fragment") == "list":
-        return render(request, "notifications/partials/_rule_list.html", context)
-    return render(request, "notifications/rules.html", context)
+    return page_or_part(request, "notifications/rules.html", "notifications/partials/_rule_list.html",
+                        _context(request, project, rules=rules))
 
 
 @login_required
@@ -50,17 +45,11 @@ def rule_create(request, project):
         data = dict(form.cleaned_data)
         if not admin:
             data.update(channel="email", only_my_jobs=True, email_to=request.user.email)
-        try:
+        with service_refusals(form):
             rule, secret = services.create_rule(Actor.from_request(request), project, **data)
-        except ServiceError as error:
-            add_service_error(form, error)
-        else:
-            response = dialog(request, "notifications/partials/_rule_created.html",
-                              _context(request, project, rule=rule, secret=secret), back=back)
-            response["Cache-Control"] = "no-store"  # the secret is shown once
-            if request.htmx:
-                response["HX-Trigger"] = json.dumps({"rulesChanged": True})
-            return response
+            return dialog_shown_once(request, "notifications/partials/_rule_created.html",
+                                     _context(request, project, rule=rule, secret=secret), event="rulesChanged",
+                                     back=back)
     return dialog(request, "notifications/partials/_rule_form.html", _context(request, project, form=form),
                   back=back)
 
@@ -69,10 +58,8 @@ def rule_create(request, project):
 def rule_detail(request, project, pk):
     project = identity.project_for_user(request.user, project, Role.MEMBER)
     rule = access.rule_for(request.user, project, pk)
-    context = _log_context(request, project, rule)
-    if request.htmx and request.GET.get("fragment") == "log":
-        return render(request, "notifications/partials/_delivery_log.html", context)
-    return render(request, "notifications/rule.html", context)
+    return page_or_part(request, "notifications/rule.html", "notifications/partials/_delivery_log.html",
+                        _log_context(request, project, rule), fragment="log")
 
 
 @login_required

@@ -4,7 +4,6 @@ site form of Add computer and Edit site, and a site's details below the Computer
 versions, keys, My settings, manual submission and connection checks (through sites.services)."""
 from __future__ import annotations
 
-import json
 from urllib.parse import urlencode
 
 from django import forms
@@ -18,14 +17,15 @@ from django.template.loader import render_to_string
 from django.urls import reverse
 from django.utils.translation import gettext_lazy as _
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
-from django_htmx.http import HttpResponseStopPolling, push_url, reswap, retarget
+from django_htmx.http import HttpResponseStopPolling
 
 from computers import access as computer_access
 from computers.choices import CheckFailure, CheckStatus, Kind
+from computers.views import show_saved
 from mado import access
-from mado.dialogs import dialog, dialog_done
+from mado.dialogs import dialog, dialog_done, dialog_shown_once, page_or_part
 from mado.errors import ServiceError
-from mado.forms import add_service_error
+from mado.forms import service_refusals
 from mado.models import Project
 from mado.services import Actor
 from sites import allowed_hosts
@@ -88,10 +88,7 @@ def _rows():
 @login_required
 def launcher_list(request):
     _require_global_admin(request)
-    context = {"rows": _rows()}
-    if request.htmx and request.GET.get("fragment") == "list":
-        return render(request, "sites/partials/_launcher_list.html", context)
-    return render(request, "sites/launchers.html", context)
+    return page_or_part(request, "sites/launchers.html", "sites/partials/_launcher_list.html", {"rows": _rows()})
 
 
 @login_required
@@ -100,13 +97,10 @@ def launcher_create(request):
     _require_global_admin(request)
     form = LauncherForm(request.POST or None)
     if request.method == "POST" and form.is_valid():
-        try:
+        with service_refusals(form):
             launcher, plaintext = launchers.register_launcher(Actor.from_request(request), form.cleaned_data["name"],
                                                               form.cleaned_data["project"],
                                                               form.cleaned_data["allowed_hosts"])
-        except ServiceError as error:
-            add_service_error(form, error)
-        else:
             return _token_shown_once(request, launcher, plaintext)
     return dialog(request, "sites/partials/_launcher_form.html", {"form": form}, back=reverse("launchers"), page=PAGE)
 
@@ -135,11 +129,8 @@ def launcher_allowed_hosts(request, launcher_id):
     launcher = get_object_or_404(Launcher, pk=launcher_id)
     form = AllowedHostsForm(request.POST or None, initial={"allowed_hosts": "\n".join(launcher.allowed_hosts or [])})
     if request.method == "POST" and form.is_valid():
-        try:
+        with service_refusals(form):
             launchers.set_allowed_hosts(Actor.from_request(request), launcher, form.cleaned_data["allowed_hosts"])
-        except ServiceError as error:
-            add_service_error(form, error)
-        else:
             return dialog_done(request, "launchersChanged", reverse("launchers"))
     context = {"launcher": launcher, "form": form, "action": reverse("launcher-allowed-hosts", args=[launcher.pk]),
                "outside": [site.target for site in launchers.outside_allowed_hosts(launcher)]}
@@ -162,11 +153,8 @@ def launcher_revoke(request, launcher_id):
 def _token_shown_once(request, launcher, plaintext):
     launcher = Launcher.objects.select_related("token__project").get(pk=launcher.pk)
     context = {"launcher": launcher, "token": launcher.token, "plaintext": plaintext}
-    response = dialog(request, "sites/partials/_launcher_token.html", context, back=reverse("launchers"), page=PAGE)
-    response["Cache-Control"] = "no-store"
-    if request.htmx:
-        response["HX-Trigger"] = json.dumps({"launchersChanged": True})
-    return response
+    return dialog_shown_once(request, "sites/partials/_launcher_token.html", context, event="launchersChanged",
+                             back=reverse("launchers"), page=PAGE)
 
 
 # Site computers (seed 003): Add computer with Type Site, the details below the list, Edit site -------
@@ -178,23 +166,12 @@ COMPUTER_PAGE = "computers/dialog_page.html"
 def add_site(request):
     """Add computer for a site: the one-screen form (global administrators reach it by choosing Site
     in Type, everyone else gets only this). Called by computers.views.computer_add."""
-    if identity_is_service(request.user):
+    if access.is_service_user(request.user):
         raise PermissionDenied(_("Service accounts cannot add computers; a person adds the site and owns it."))
-    action = request.POST.get("action", "") if request.method == "POST" else ""
-    if request.method == "GET" or action == "refresh":
+    if request.method == "GET" or request.POST.get("action") == "refresh":
         form = SiteForm(initial=_refresh_initial(request.POST) if request.method == "POST" else {})
         return _render_site_form(request, form)
-    form = SiteForm(request.POST)
-    if form.is_valid():
-        try:
-            target = services.create_site(Actor.from_request(request), form.site_values())
-        except ServiceError as error:
-            add_errors(form, error)
-        else:
-            return _saved(request, target)
-    else:  # what else is wrong, so that one Save reports every field
-        add_field_errors(form, services.site_errors(Actor.from_request(request), form.site_values()))
-    return _render_site_form(request, form)
+    return _submit_site_form(request, SiteForm(request.POST))
 
 
 @login_required
@@ -203,21 +180,23 @@ def site_edit(request, pk):
     """Edit site: the same screen as Add computer without the template (the job shell is versioned in
     the details). Owners and global administrators."""
     target, site = _managed_site(request, pk)
-    action = request.POST.get("action", "") if request.method == "POST" else ""
-    if request.method == "GET" or action == "refresh":
+    if request.method == "GET" or request.POST.get("action") == "refresh":
         initial = _refresh_initial(request.POST) if request.method == "POST" else site_initial(target, site)
         form = SiteForm(initial=initial, editing=True, current_launcher=site.launcher)
         return _render_site_form(request, form, target=target)
-    form = SiteForm(request.POST, editing=True, current_launcher=site.launcher)
+    return _submit_site_form(request, SiteForm(request.POST, editing=True, current_launcher=site.launcher), target)
+
+
+def _submit_site_form(request, form: SiteForm, target=None):
+    """Save of Add computer (a new site) or Edit site (`target`)."""
+    actor = Actor.from_request(request)
     if form.is_valid():
-        try:
-            target = services.update_site(Actor.from_request(request), target, form.site_values())
-        except ServiceError as error:
-            add_errors(form, error)
-        else:
-            return _saved(request, target)
+        with service_refusals(form, add_errors):
+            if target is None:
+                return show_saved(request, services.create_site(actor, form.site_values()))
+            return show_saved(request, services.update_site(actor, target, form.site_values()))
     else:  # what else is wrong, so that one Save reports every field
-        add_field_errors(form, services.site_errors(Actor.from_request(request), form.site_values(), target=target))
+        add_field_errors(form, services.site_errors(actor, form.site_values(), target=target))
     return _render_site_form(request, form, target=target)
 
 
@@ -275,20 +254,6 @@ def _fingerprints(text: str) -> dict:
         return {"keys": [], "error": str(exc)}
 
 
-def _saved(request, target):
-    """After Save: the site's details open below the list (as for other computers), the list refreshes
-    and the dialog closes once the details are in."""
-    url = reverse("computer-detail", args=[target.pk])
-    if not request.htmx:
-        return redirect(url)
-    target = computer_access.detail_for(request.user, target.pk)
-    content = render_to_string(DETAILS, site_details_context(request, target), request=request)
-    response = HttpResponse(content)
-    response["HX-Trigger"] = json.dumps({"computersChanged": True})
-    response["HX-Trigger-After-Swap"] = json.dumps({"closeDialog": True})
-    return push_url(reswap(retarget(response, "#computer-details"), "outerHTML"), url)
-
-
 # The details of a site ------------------------------------------------------------------------------
 
 def site_details_context(request, target, **extra) -> dict:
@@ -298,7 +263,7 @@ def site_details_context(request, target, **extra) -> dict:
     site = services.site_settings_of(target)
     manageable = computer_access.can_manage(user, target)
     usable = computer_access.can_use(user, target)
-    service_user = identity_is_service(user)
+    service_user = access.is_service_user(user)
     owner = target.owner_id == user.pk
     mine = services.my_settings(user, target)
     versions = list(JobShell.objects.filter(target=target).select_related("created_by").order_by("-version")[:50])
@@ -330,7 +295,7 @@ def site_details_context(request, target, **extra) -> dict:
         "shared_key": _key(target, site, None) if manageable and automatic and site.account == AccountKind.SHARED
         else None,
         "my_key": _key(target, site, user) if mine is not None and site.uses_personal_accounts else None,
-        "manual": _manual_context(request, target) if not automatic else None,
+        "manual": manual_instructions(request, target) if not automatic else None,
         "checks": site_checks_context(request, target, site, manageable=manageable, mine=mine),
         # The launcher's allowed hosts no longer include this site's host or a jump host (managers).
         "host_refusal": allowed_hosts.site_refusal(site) if manageable and automatic and site.launcher_id else "",
@@ -346,10 +311,6 @@ def _key(target, site, user) -> dict:
         keys = keys.filter(launcher_id=site.launcher_id)
     key = keys.order_by("-created_at").first()
     return {"key": key, "launcher": site.launcher}
-
-
-def _manual_context(request, target) -> dict:
-    return manual_instructions(request, target)
 
 
 def manual_instructions(request, target, project=None, job=None, jobs=None) -> dict:
@@ -428,9 +389,7 @@ def check_view(check, user=None) -> dict | None:
 @require_POST
 def site_check_request(request, pk):
     """Check connection: the launcher logs in with the key and account (shared, or the caller's own)."""
-    target = computer_access.detail_for(request.user, pk)
-    if target.kind != Kind.SITE:
-        raise Http404("This computer is not a site.")
+    target = _site(computer_access.detail_for(request.user, pk))
     site = services.site_settings_of(target)
     mine = request.POST.get("mine") == "1"
     error = ""
@@ -466,9 +425,7 @@ def site_key_recreate(request, pk):
 @require_GET
 def site_check_status(request, pk, check_id):
     """The check's progress, polled every second; 286 once it ended."""
-    target = computer_access.detail_for(request.user, pk)
-    if target.kind != Kind.SITE:
-        raise Http404("This computer is not a site.")
+    target = _site(computer_access.detail_for(request.user, pk))
     site = services.site_settings_of(target)
     check = get_object_or_404(SiteCheck, pk=check_id, target=target)
     mine = check.site_user_id is not None
@@ -485,30 +442,30 @@ def site_check_status(request, pk, check_id):
 @require_POST
 def site_job_shell_save(request, pk):
     """Save the job shell: a new version only when the content differs from the current one."""
-    target = computer_access.detail_for(request.user, pk)
-    if target.kind != Kind.SITE:
-        raise Http404("This computer is not a site.")
+    target = _site(computer_access.detail_for(request.user, pk))
     if not computer_access.can_manage(request.user, target):
         raise PermissionDenied(_("Only the computer's owner and global administrators can save its job shell."))
     form = JobShellForm(request.POST)
     form.is_valid()
     outcome = None
-    try:
+    with service_refusals(form, add_errors):
         shell, created = services.save_job_shell(Actor.from_request(request), target,
                                                  form.cleaned_data.get("content", ""))
-    except ServiceError as error:
-        add_errors(form, error)
-    else:
         outcome = {"created": created, "version": shell.version}
         form = JobShellForm(initial={"content": shell.content})
-    context = site_details_context(request, target, shell_form=form, shell_outcome=outcome)
     if not request.htmx:
-        if outcome:
-            messages.success(request, _shell_message(outcome))
-            return redirect(reverse("computer-detail", args=[target.pk]) + "#job-shell")
-        messages.error(request, " ".join(str(e) for errors in form.errors.values() for e in errors))
-        return redirect(reverse("computer-detail", args=[target.pk]) + "#job-shell")
+        return _back_to_details(request, target, "#job-shell", form, outcome and _shell_message(outcome))
+    context = site_details_context(request, target, shell_form=form, shell_outcome=outcome)
     return render(request, "sites/partials/_job_shell.html", context)
+
+
+def _back_to_details(request, target, section: str, form, success: str | None):
+    """Without HTMX a save in the details goes back to its section there, saying what happened."""
+    if success:
+        messages.success(request, success)
+    else:
+        messages.error(request, " ".join(str(e) for errors in form.errors.values() for e in errors))
+    return redirect(reverse("computer-detail", args=[target.pk]) + section)
 
 
 def _shell_message(outcome: dict) -> str:
@@ -535,41 +492,33 @@ def site_job_shell_version(request, pk, version):
 @require_POST
 def site_my_settings(request, pk):
     """Save My settings: the account name, working directory and variables of the caller."""
-    if identity_is_service(request.user):
+    if access.is_service_user(request.user):
         raise PermissionDenied(_("Service accounts cannot have their own settings."))
     target = computer_access.detail_for(request.user, pk)
     form = MySettingsForm(request.POST)
     form.is_valid()
     saved = False
-    try:
+    with service_refusals(form, add_errors):
         services.save_my_settings(Actor.from_request(request), target, {
             "account_name": form.cleaned_data.get("account_name", ""),
             "working_dir": form.cleaned_data.get("working_dir", ""),
             "variables": form.cleaned_data.get("variables", "")})
-    except ServiceError as error:
-        add_errors(form, error)
-    else:
         saved = True
     if not request.htmx:
-        if saved:
-            messages.success(request, _("Saved your settings."))
-        else:
-            messages.error(request, " ".join(str(e) for errors in form.errors.values() for e in errors))
-        return redirect(reverse("computer-detail", args=[target.pk]) + "#my-settings")
-    if saved:  # the key section and Check connection depend on My settings: redraw the whole details
-        content = render_to_string(DETAILS, site_details_context(request, target, my_saved=True), request=request)
-        return HttpResponse(content)
-    context = site_details_context(request, target, my_form=form)
-    content = render_to_string(DETAILS, context, request=request)
-    return HttpResponse(content)
+        return _back_to_details(request, target, "#my-settings", form, saved and _("Saved your settings."))
+    # The key section and Check connection depend on My settings: the whole details are drawn again.
+    return render(request, DETAILS, site_details_context(request, target, **(
+        {"my_saved": True} if saved else {"my_form": form})))
 
 
 def _managed_site(request, pk):
-    target = computer_access.managed_for(request.user, pk)
-    if target.kind != Kind.SITE:
-        raise Http404("This computer is not a site.")
+    target = _site(computer_access.managed_for(request.user, pk))
     return target, services.site_settings_of(target)
 
 
-def identity_is_service(user) -> bool:
-    return access.is_service_user(user)
+def _site(target):
+    """The site pages answer 404 for any other kind of computer."""
+    if target.kind != Kind.SITE:
+        raise Http404("This computer is not a site.")
+    return target
+

@@ -118,12 +118,8 @@ def run_list(request, project):
         lifecycle_stage=LifecycleStage.ACTIVE))
     if chosen["experiment"]:
         runs = runs.filter(experiment_id=chosen["experiment"] if chosen["experiment"].isdigit() else -1)
-    if chosen["status"]:
-        runs = runs.filter(status=chosen["status"])
-    if chosen["kind"]:
-        runs = runs.filter(kind=chosen["kind"])
-    if chosen["creator"]:
-        runs = runs.filter(created_by__username=chosen["creator"])
+    lookups = {"status": "status", "kind": "kind", "creator": "created_by__username"}
+    runs = runs.filter(**{lookup: chosen[name] for name, lookup in lookups.items() if chosen[name]})
     param_keys, metric_keys = _keys(request, "params"), _keys(request, "metrics")
     page = Paginator(runs, LIST_PAGE).get_page(request.GET.get("page"))
     on_page = [run.run_id for run in page]
