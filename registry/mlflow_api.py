@@ -16,7 +16,7 @@ from mado.choices import Scope
 from registry import logged_models, services
 from registry.models import ModelAlias, ModelVersion, RegisteredModel
 from tracking.errors import invalid
-from tracking.mlflow_api import Call, endpoint, page_bounds, page_token
+from tracking.mlflow_api import Call, endpoint, next_clause, page_bounds, paged, require_scope
 from tracking.search import like_regex, parse_list, split_identifier, string_q, tokenize, unquote
 from tracking.validation import validate_run_id
 
@@ -148,12 +148,7 @@ def search_filter(text: str | None, fields: dict, *, tag_field: str, numeric: di
         else:
             known = ", ".join([*fields, *(numeric or {}), "tags.<key>"])
             raise invalid(f"Invalid filter string '{text}': cannot filter on '{key}'; use {known}.")
-        if index < len(tokens):
-            if tokens[index][1].upper() != "AND":
-                raise invalid(f"Invalid filter string '{text}': clauses are joined with AND.")
-            index += 1
-            if index >= len(tokens):
-                raise invalid(f"Invalid filter string '{text}': a comparison must follow AND.")
+        index = next_clause(tokens, index, text)
     return query
 
 
@@ -216,12 +211,7 @@ def models_search(call: Call):
                                                  "last_updated_timestamp": "last_updated_time",
                                                  "creation_timestamp": "creation_time"}, ["name", "id"])
     query = search_filter(call.string("filter"), MODEL_FIELDS, tag_field="tags")
-    rows = _models(call).filter(query).order_by(*ordering)
-    page = list(rows[offset:offset + limit + 1])
-    answer = {"registered_models": [model_json(m) for m in page[:limit]]}
-    if len(page) > limit:
-        answer["next_page_token"] = page_token(offset + limit)
-    return answer
+    return paged(_models(call).filter(query).order_by(*ordering), offset, limit, "registered_models", model_json)
 
 
 @endpoint(READ, methods=("GET", "POST"))
@@ -248,9 +238,8 @@ def models_delete_tag(call: Call):
 @endpoint(READ, methods=("GET", "POST", "DELETE"))
 def models_alias(call: Call):
     """One path, three MLflow calls: POST sets, DELETE removes, GET resolves an alias."""
-    if call.request.method != "GET" and not call.principal.is_job and WRITE not in call.principal.scopes:
-        raise services.MlflowError(f"This token lacks the {WRITE} scope; issue a token that has it.",
-                                   "PERMISSION_DENIED")
+    if call.request.method != "GET":
+        require_scope(call, WRITE)
     model = _model(call)
     alias = call.string("alias", required=True)
     if call.request.method == "POST":
@@ -316,11 +305,7 @@ def versions_search(call: Call):
     visible = services.models_visible_in(call.user, call.project)
     rows = (ModelVersion.objects.filter(model__in=visible).filter(query).select_related("model", "created_by")
             .prefetch_related("aliases").order_by(*ordering))
-    page = list(rows[offset:offset + limit + 1])
-    answer = {"model_versions": [version_json(v) for v in page[:limit]]}
-    if len(page) > limit:
-        answer["next_page_token"] = page_token(offset + limit)
-    return answer
+    return paged(rows, offset, limit, "model_versions", version_json)
 
 
 @endpoint(READ, methods=("GET",))

@@ -64,10 +64,12 @@ def _check_member(user, project) -> None:
         raise denied("Writing to the model registry needs the member role in this project; ask a project admin.")
 
 
-def _check_not_job(principal, what: str) -> None:
+def _check_person_write(actor: Actor, principal, project, what: str) -> None:
+    """What only people do (a job token creates versions from its own Run only): a member's change."""
     if job_id_of(principal) is not None:
         raise denied(f"A job token cannot {what}; it creates model versions from its own Job's Run only. Use a "
                      "personal token with registry:write.")
+    _check_member(actor.user, project)
 
 
 def _check_version_write(user, principal, version: ModelVersion) -> None:
@@ -132,9 +134,10 @@ def _alias(value) -> str:
     return value
 
 
-def _touch(obj) -> None:
+def _touch(obj, *fields: str) -> None:
+    """Saves `fields` of a model or version, and its last update time as now."""
     obj.last_updated_time = now_ms()
-    obj.save(update_fields=["last_updated_time"])
+    obj.save(update_fields=[*fields, "last_updated_time"])
 
 
 # Registered models --------------------------------------------------------------------------------
@@ -144,8 +147,6 @@ def create_model(actor: Actor, principal, project, *, name, description=None, ta
     _check_member(actor.user, project)
     name = _name(name)
     description, tags = _text(description, "description", 100_000), _tags(tags)
-    if RegisteredModel.objects.filter(project=project, name=name).exists():
-        raise MlflowError(f"Registered Model (name={name}) already exists.", "RESOURCE_ALREADY_EXISTS")
     try:
         with transaction.atomic():
             model = RegisteredModel.objects.create(project=project, name=name, description=description, tags=tags,
@@ -157,17 +158,14 @@ def create_model(actor: Actor, principal, project, *, name, description=None, ta
 
 
 def update_model(actor: Actor, principal, model: RegisteredModel, *, description) -> RegisteredModel:
-    _check_not_job(principal, "change a registered model")
-    _check_member(actor.user, model.project)
+    _check_person_write(actor, principal, model.project, "change a registered model")
     model.description = _text(description, "description", 100_000)
-    model.last_updated_time = now_ms()
-    model.save(update_fields=["description", "last_updated_time"])
+    _touch(model, "description")
     return model
 
 
 def rename_model(actor: Actor, principal, model: RegisteredModel, new_name) -> RegisteredModel:
-    _check_not_job(principal, "rename a registered model")
-    _check_member(actor.user, model.project)
+    _check_person_write(actor, principal, model.project, "rename a registered model")
     new_name = _name(new_name, "new_name")
     if new_name == model.name:
         return model
@@ -176,8 +174,7 @@ def rename_model(actor: Actor, principal, model: RegisteredModel, new_name) -> R
     before = model.name
     with transaction.atomic():
         model.name = new_name
-        model.last_updated_time = now_ms()
-        model.save(update_fields=["name", "last_updated_time"])
+        _touch(model, "name")
         audit(actor, "registered_model.rename", model, project=model.project, before={"name": before},
               after={"name": new_name})
     return model
@@ -185,8 +182,7 @@ def rename_model(actor: Actor, principal, model: RegisteredModel, new_name) -> R
 
 def delete_model(actor: Actor, principal, model: RegisteredModel) -> None:
     """The versions go with it; their bytes stay with their Runs (the registry points at them)."""
-    _check_not_job(principal, "delete a registered model")
-    _check_member(actor.user, model.project)
+    _check_person_write(actor, principal, model.project, "delete a registered model")
     with transaction.atomic():
         audit(actor, "registered_model.delete", model, project=model.project,
               before={"name": model.name, "versions": model.versions.count()})
@@ -194,16 +190,13 @@ def delete_model(actor: Actor, principal, model: RegisteredModel) -> None:
 
 
 def set_model_tag(actor: Actor, principal, model: RegisteredModel, key, value) -> None:
-    _check_not_job(principal, "change a registered model")
-    _check_member(actor.user, model.project)
+    _check_person_write(actor, principal, model.project, "change a registered model")
     model.tags.update(_tags([{"key": key, "value": value}]))
-    model.last_updated_time = now_ms()
-    model.save(update_fields=["tags", "last_updated_time"])
+    _touch(model, "tags")
 
 
 def delete_model_tag(actor: Actor, principal, model: RegisteredModel, key) -> None:
-    _check_not_job(principal, "change a registered model")
-    _check_member(actor.user, model.project)
+    _check_person_write(actor, principal, model.project, "change a registered model")
     if key not in model.tags:
         raise not_found(f"No tag with name: {key} in registered model {model.name}.")
     del model.tags[key]
@@ -307,14 +300,12 @@ def _new_version(actor: Actor, model: RegisteredModel, **fields) -> ModelVersion
 def update_version(actor: Actor, principal, version: ModelVersion, *, description) -> ModelVersion:
     _check_version_write(actor.user, principal, version)
     version.description = _text(description, "description", 100_000)
-    version.last_updated_time = now_ms()
-    version.save(update_fields=["description", "last_updated_time"])
+    _touch(version, "description")
     return version
 
 
 def delete_version(actor: Actor, principal, version: ModelVersion) -> None:
-    _check_not_job(principal, "delete a model version")
-    _check_member(actor.user, version.model.project)
+    _check_person_write(actor, principal, version.model.project, "delete a model version")
     with transaction.atomic():
         audit(actor, "model_version.delete", version, project=version.model.project,
               before={"model": version.model.name, "version": version.version})
@@ -343,8 +334,7 @@ def transition_stage(actor: Actor, principal, version: ModelVersion, stage, arch
             version.model.versions.filter(stage=stage).exclude(pk=version.pk).update(stage=Stage.ARCHIVED,
                                                                                     last_updated_time=now_ms())
         version.stage = stage
-        version.last_updated_time = now_ms()
-        version.save(update_fields=["stage", "last_updated_time"])
+        _touch(version, "stage")
     return version
 
 
@@ -363,16 +353,14 @@ def delete_version_tag(actor: Actor, principal, version: ModelVersion, key) -> N
 
 
 def set_alias(actor: Actor, principal, model: RegisteredModel, alias, version) -> None:
-    _check_not_job(principal, "set a model alias")
-    _check_member(actor.user, model.project)
+    _check_person_write(actor, principal, model.project, "set a model alias")
     alias, target = _alias(alias), version_for(model, version)
     ModelAlias.objects.update_or_create(model=model, alias=alias, defaults={"version": target})
     _touch(model)
 
 
 def delete_alias(actor: Actor, principal, model: RegisteredModel, alias) -> None:
-    _check_not_job(principal, "delete a model alias")
-    _check_member(actor.user, model.project)
+    _check_person_write(actor, principal, model.project, "delete a model alias")
     ModelAlias.objects.filter(model=model, alias=_alias(alias)).delete()
 
 

@@ -115,7 +115,7 @@ def update_site(actor: Actor, target: ComputeTarget, changes: dict) -> ComputeTa
     with transaction.atomic():
         target = ComputeTarget.objects.select_for_update().get(pk=target.pk)
         site = SiteSettings.objects.select_for_update().get(pk=site.pk)
-        current = {**{f: getattr(target, f) for f in TARGET_FIELDS}, **_settings_dict(site)}
+        current = _current_values(target, site)
         errors: dict[str, list[str]] = {}
         target_values, settings_values = _clean({**current, **changes}, errors, current=target)
         if any(settings_values[name] != current[name] for name in DESTINATION_FIELDS):
@@ -157,7 +157,7 @@ def site_errors(actor: Actor, data: dict, *, target: ComputeTarget | None = None
         _check_destination(settings_values, errors)
         return errors
     site = site_settings_of(target)
-    current = {**{f: getattr(target, f) for f in TARGET_FIELDS}, **_settings_dict(site)}
+    current = _current_values(target, site)
     _target, settings_values = _clean({**current, **data}, errors, current=target)
     if any(settings_values[name] != current[name] for name in DESTINATION_FIELDS):
         _check_destination(settings_values, errors)
@@ -587,16 +587,13 @@ def _invalid(errors: dict, code: str = "invalid_site") -> ServiceError:
     return ServiceError(_("Fix these fields: %(summary)s") % {"summary": summary}, code, fields=errors)
 
 
-def _settings_dict(site: SiteSettings) -> dict:
-    values = {f: getattr(site, f) for f in SETTINGS_FIELDS}
-    values["launcher"] = site.launcher
-    return values
+def _current_values(target: ComputeTarget, site: SiteSettings) -> dict:
+    return {f: getattr(target, f) for f in TARGET_FIELDS} | {f: getattr(site, f) for f in SETTINGS_FIELDS}
 
 
 def _snapshot(target: ComputeTarget, site: SiteSettings, only=None) -> dict:
     """Audit view of a site: no secrets; known_hosts as its fingerprints."""
-    values = {f: getattr(target, f) for f in TARGET_FIELDS}
-    values.update({f: getattr(site, f) for f in SETTINGS_FIELDS})
+    values = _current_values(target, site)
     values["launcher"] = site.launcher.name if site.launcher_id else None
     try:
         values["known_hosts"] = [k.display()["fingerprint"] for k in kh.parse(site.known_hosts)]

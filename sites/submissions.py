@@ -472,9 +472,7 @@ def _clean_report(data: dict):
     if scheduler_id and (not isinstance(scheduler_id, str) or not shells.SCHEDULER_ID.fullmatch(scheduler_id)):
         raise ServiceError("scheduler_job_id is the id the job shell printed (letters, digits, . _ : - [ ], at most "
                            "200).", "invalid", fields={"scheduler_job_id": ["Invalid id."]})
-    error = data.get("error") or ""
-    if not isinstance(error, str):
-        raise ServiceError("error is text.", "invalid", fields={"error": ["Text expected."]})
+    error = _error_text(data)
     if outcome != "submitted" and not error.strip():
         error = "The job shell failed without a message." if outcome == "failed" else "Not tried."
     return [int(i) for i in ids], outcome, scheduler_id, shells.stderr_tail(error)
@@ -580,9 +578,7 @@ def report_cancellation(launcher: Launcher, data: dict) -> dict:
     if job_id is None or isinstance(data.get("job_id"), (bool, str)) or not isinstance(ok, bool):
         raise ServiceError("Send {job_id, ok: true|false, error?} for a cancellation from the config.", "invalid",
                            fields={"job_id": ["A Job id."], "ok": ["true or false."]})
-    error = data.get("error") or ""
-    if not isinstance(error, str):
-        raise ServiceError("error is text.", "invalid", fields={"error": ["Text expected."]})
+    error = _error_text(data)
     first = Submission.objects.filter(job_id=job_id, launcher=launcher).exclude(cancel_state="").first()
     if first is None:
         raise ServiceError("No cancellation of this Job was asked of this launcher.", "cancellation_not_found",
@@ -828,9 +824,7 @@ def runner_finish(job_id: int, data: dict) -> Job:
         raise ServiceError(f"A runner ends a Job with end_reason {', '.join(RUNNER_END_REASONS)} (or none).",
                            "invalid", fields={"end_reason": ["Not a runner's end reason."]})
     exit_code = job_services.clean_completion(status, data.get("exit_code"), data.get("end_reason"))
-    error = data.get("error") or ""
-    if not isinstance(error, str):
-        raise ServiceError("error is text.", "invalid", fields={"error": ["Text expected."]})
+    error = _error_text(data)
     with transaction.atomic():
         call = _runner_locked(job_id, data.get("runner_id"), ended_ok=True)
         job = call.job
@@ -952,6 +946,13 @@ def _flag(raw, name: str) -> bool:
     if raw in (None, False, True):
         return bool(raw)
     raise ServiceError(f"{name} is true or false.", "invalid", fields={name: ["true or false."]})
+
+
+def _error_text(data: dict) -> str:
+    error = data.get("error") or ""
+    if not isinstance(error, str):
+        raise ServiceError("error is text.", "invalid", fields={"error": ["Text expected."]})
+    return error
 
 
 def _uuid(raw) -> uuid.UUID:

@@ -32,7 +32,7 @@ from mado.validation import bad_text_in, json_too_deep, may_hold_bad_text
 from tracking import access, experiments, services
 from tracking.choices import LifecycleStage
 from tracking.errors import MlflowError, invalid, not_found
-from tracking.models import Experiment, LatestMetric, Metric, Param, Run, RunInput, Tag
+from tracking.models import Experiment, Metric, Run
 from tracking.search import order_fields, parse_filter, split_identifier, string_q, tokenize
 from tracking.validation import INT64_MAX, as_long, experiment_id, validate_run_id
 
@@ -141,10 +141,8 @@ class Call:
 def _authenticate(request):
     try:
         result = BearerTokenAuthentication().authenticate(request)
-    except drf_exceptions.Throttled as error:
-        raise MlflowError(str(error.detail), "REQUEST_LIMIT_EXCEEDED") from None
     except drf_exceptions.APIException as error:
-        if error.status_code == 429:
+        if error.status_code == 429:  # Throttled
             raise MlflowError(str(error.detail), "REQUEST_LIMIT_EXCEEDED") from None
         raise MlflowError(str(error.detail), "UNAUTHENTICATED") from None
     if result is None:
@@ -169,10 +167,8 @@ def endpoint(scope: str, methods=("POST",)):
                 identity.remember_roles(user)
                 if identity.role_is_a_membership(user):  # read along with the token: no query of its own
                     identity.remember_role(user, principal.project, principal.token.member_role)
-                if not principal.is_job and scope not in principal.scopes:
-                    raise MlflowError(f"This token lacks the {scope} scope; issue a token that has it.",
-                                      "PERMISSION_DENIED")
                 call = Call(request, user, principal)
+                require_scope(call, scope)
                 call.check()
                 result = handler(call, *args, **kwargs)
             except MlflowError as error:
@@ -185,8 +181,8 @@ def endpoint(scope: str, methods=("POST",)):
 
 
 def require_scope(call: Call, scope: str) -> None:
-    """For an endpoint whose methods need different scopes (reads with `read`, writes with another): job
-    tokens pass (their service checks what they may write), other tokens need `scope`."""
+    """Job tokens pass (their service checks what they may write), other tokens need `scope`; also for an
+    endpoint whose methods need different scopes (reads with `read`, writes with another)."""
     if not call.principal.is_job and scope not in call.principal.scopes:
         raise MlflowError(f"This token lacks the {scope} scope; issue a token that has it.", "PERMISSION_DENIED")
 
@@ -235,23 +231,17 @@ def metric_json(key, value, timestamp, step) -> dict:
     return {"key": key, "value": _double(value), "timestamp": timestamp, "step": step}
 
 
-def run_json(run: Run, *, prefetched: bool = False) -> dict:
-    if prefetched:
-        latest, params, tags, inputs = (run.latest_metrics.all(), run.params.all(), run.tags.all(),
-                                        run.inputs.all())
-    else:
-        latest = LatestMetric.objects.filter(run=run)
-        params, tags, inputs = Param.objects.filter(run=run), Tag.objects.filter(run=run), RunInput.objects.filter(
-            run=run)
+def run_json(run: Run) -> dict:
+    """A Run with its data: from what runs_search prefetched, else one query per relation."""
     return {
         "info": run_info(run),
-        "data": {"metrics": [metric_json(m.key, m.point_value, m.timestamp, m.step) for m in latest],
-                 "params": [{"key": p.key, "value": p.value} for p in params],
-                 "tags": [{"key": t.key, "value": t.value} for t in tags]},
+        "data": {"metrics": [metric_json(m.key, m.point_value, m.timestamp, m.step) for m in run.latest_metrics.all()],
+                 "params": [{"key": p.key, "value": p.value} for p in run.params.all()],
+                 "tags": [{"key": t.key, "value": t.value} for t in run.tags.all()]},
         "inputs": {"dataset_inputs": [
             {"tags": i.tags, "dataset": {"name": i.name, "digest": i.digest, "source_type": i.source_type,
                                          "source": i.source, "schema": i.schema, "profile": i.profile}}
-            for i in inputs]},
+            for i in run.inputs.all()]},
     }
 
 
@@ -278,6 +268,15 @@ def page_bounds(call: Call, *, default: int, maximum: int) -> tuple[int, int]:
 def page_token(offset: int) -> str:
     """The next_page_token of a page that ends before `offset`."""
     return base64.b64encode(json.dumps({"offset": offset}).encode()).decode()
+
+
+def paged(rows, offset: int, limit: int, key: str, to_json) -> dict:
+    """A search's answer: the page of `rows` under `key`, and next_page_token if more rows follow."""
+    page = list(rows[offset:offset + limit + 1])
+    answer = {key: [to_json(row) for row in page[:limit]]}
+    if len(page) > limit:
+        answer["next_page_token"] = page_token(offset + limit)
+    return answer
 
 
 def _view_stages(value) -> list[str]:
@@ -332,12 +331,7 @@ def experiments_search(call: Call):
     text = call.string("filter")
     if text:
         rows = rows.filter(_experiment_filter(text))
-    rows = rows.order_by("-creation_time", "-id")
-    page = list(rows[offset:offset + limit + 1])
-    answer = {"experiments": [experiment_json(e) for e in page[:limit]]}
-    if len(page) > limit:
-        answer["next_page_token"] = page_token(offset + limit)
-    return answer
+    return paged(rows.order_by("-creation_time", "-id"), offset, limit, "experiments", experiment_json)
 
 
 def _experiment_filter(text: str):
@@ -354,14 +348,19 @@ def _experiment_filter(text: str):
             raise invalid(f"Invalid filter string '{text}': use name = 'x', name != 'x', name LIKE 'x%' or "
                           "name ILIKE 'x%'.")
         query &= string_q("name", op, operand)
-        index += 2
-        if index < len(tokens):
-            if tokens[index][1].upper() != "AND":
-                raise invalid(f"Invalid filter string '{text}': clauses are joined with AND.")
-            index += 1
-            if index >= len(tokens):
-                raise invalid(f"Invalid filter string '{text}': a comparison must follow AND.")
+        index = next_clause(tokens, index + 2, text)
     return query
+
+
+def next_clause(tokens: list, index: int, text: str) -> int:
+    """Where the filter's next clause starts, past the AND that must join it to the one ending at `index`."""
+    if index < len(tokens):
+        if tokens[index][1].upper() != "AND":
+            raise invalid(f"Invalid filter string '{text}': clauses are joined with AND.")
+        index += 1
+        if index >= len(tokens):
+            raise invalid(f"Invalid filter string '{text}': a comparison must follow AND.")
+    return index
 
 
 @endpoint(RUNS_WRITE)
@@ -422,25 +421,17 @@ def runs_get(call: Call):
 @endpoint(Scope.READ.value)
 def runs_search(call: Call):
     offset, limit = page_bounds(call, default=DEFAULT_RESULTS_RUNS, maximum=MAX_RESULTS_RUNS)
-    ids = call.getlist("experiment_ids")
-    experiments = []
-    for value in ids:
-        number = experiment_id(value, "experiment_ids")
-        experiments.append(services.default_experiment(call.project).pk if number == 0 else number)
+    numbers = [experiment_id(value, "experiment_ids") for value in call.getlist("experiment_ids")]
+    experiments = [services.default_experiment(call.project).pk if number == 0 else number for number in numbers]
     rows = access.runs_visible_in(call.user, call.project).filter(
         lifecycle_stage__in=_view_stages(call.get("run_view_type")))
     if experiments:
         rows = rows.filter(experiment_id__in=experiments)
     rows = rows.filter(parse_filter(call.string("filter")))
-    order_by = call.getlist("order_by")
-    annotations, ordering = order_fields(order_by)
+    annotations, ordering = order_fields(call.getlist("order_by"))
     rows = rows.annotate(**annotations).order_by(*ordering).select_related("created_by").prefetch_related(
         "latest_metrics", "params", "tags", "inputs")
-    page = list(rows[offset:offset + limit + 1])
-    answer = {"runs": [run_json(r, prefetched=True) for r in page[:limit]]}
-    if len(page) > limit:
-        answer["next_page_token"] = page_token(offset + limit)
-    return answer
+    return paged(rows, offset, limit, "runs", run_json)
 
 
 @endpoint(RUNS_WRITE)

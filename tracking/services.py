@@ -32,6 +32,7 @@ from tracking.validation import (
     MAX_RUN_NAME_LENGTH,
     MAX_TAG_VAL_LENGTH,
     as_long,
+    experiment_id as parse_experiment_id,
     experiment_name,
     metric_value,
     validate_batch_limits,
@@ -69,18 +70,11 @@ def default_experiment(project) -> Experiment:
 def create_experiment(actor: Actor, principal, project, *, name, tags=None) -> Experiment:
     access.check_can_create(actor.user, principal, project)
     name = experiment_name(name)
-    clean_tags = {}
-    for index, tag in enumerate(_list(tags, "tags")):
-        tag = _dict(tag, f"tags[{index}]")
-        key = validate_key(tag.get("key"), f"tags[{index}].key", "Tag")
-        clean_tags[key] = validate_text(tag.get("value"), f"tags[{index}].value", MAX_EXPERIMENT_TAG_VAL_LENGTH,
-                                        required=False)
-    if Experiment.objects.filter(project=project, name=name).exists():
-        raise MlflowError(f"Experiment(name={name}) already exists.", "RESOURCE_ALREADY_EXISTS")
+    clean_tags = dict(_clean_tags(tags, MAX_EXPERIMENT_TAG_VAL_LENGTH))
     try:
         with transaction.atomic():
             experiment = Experiment.objects.create(project=project, name=name, tags=clean_tags,
-                                                   created_by=_saved_user(actor))
+                                                   created_by=actor.user)
             audit(actor, "experiment.create", experiment, project=project, after={"name": name})
     except IntegrityError:
         raise MlflowError(f"Experiment(name={name}) already exists.", "RESOURCE_ALREADY_EXISTS") from None
@@ -155,7 +149,7 @@ def create_run(actor: Actor, principal, project, *, experiment_id=None, run_name
     if experiment_id in (None, "", "0", 0):
         experiment = default_experiment(project)
     else:
-        experiment = access.experiment_for(actor.user, project, _experiment_id(experiment_id))
+        experiment = access.experiment_for(actor.user, project, parse_experiment_id(experiment_id))
     if experiment.lifecycle_stage != LifecycleStage.ACTIVE:
         raise invalid(f"The experiment {experiment.pk} must be in the 'active' state. Current state is "
                       f"{experiment.lifecycle_stage}.")
@@ -170,7 +164,7 @@ def create_run(actor: Actor, principal, project, *, experiment_id=None, run_name
     kind = dict(tag_rows).get(KIND_TAG)
     with transaction.atomic():
         run = Run.objects.create(experiment=experiment, project=project, name=name, status=RunStatus.RUNNING,
-                                 start_time=start, created_by=_saved_user(actor),
+                                 start_time=start, created_by=actor.user,
                                  kind=kind if kind in RunKind.values else RunKind.OTHER)
         values = dict(tag_rows)
         values[RUN_NAME_TAG] = name
@@ -194,13 +188,9 @@ def update_run(actor: Actor, principal, run: Run, *, status=None, end_time=None,
                               f"{', '.join(RunStatus.values)}.")
             run.status = status
             fields.append("status")
-            if status in TERMINAL_RUN_STATUSES:
-                run.end_time = as_long(end_time, "end_time", minimum=0) or now_ms()
-            else:
-                run.end_time = as_long(end_time, "end_time", minimum=0)
-            fields.append("end_time")
-        elif end_time not in (None, ""):
-            run.end_time = as_long(end_time, "end_time", minimum=0)
+        if status not in (None, "") or end_time not in (None, ""):
+            end = as_long(end_time, "end_time", minimum=0)
+            run.end_time = (end or now_ms()) if status in TERMINAL_RUN_STATUSES else end
             fields.append("end_time")
         if run_name not in (None, ""):
             run.name = validate_text(run_name, "run_name", MAX_RUN_NAME_LENGTH)
@@ -241,7 +231,7 @@ def log_batch(actor: Actor, principal, run: Run, *, metrics=None, params=None, t
     _check_active(run)
     points = _clean_metrics(metrics)
     param_rows = _clean_params(params)
-    tag_rows = _clean_tags(tags, base="tags")
+    tag_rows = _clean_tags(tags)
     if not param_rows and not tag_rows:
         if points:  # one statement, atomic on its own: no BEGIN and COMMIT round trips
             _insert_points(run, points)
@@ -372,12 +362,13 @@ def _clean_params(params: list) -> list[tuple[str, str]]:
     return rows
 
 
-def _clean_tags(tags, base: str = "tags") -> list[tuple[str, str]]:
+def _clean_tags(tags, max_value_length: int = MAX_TAG_VAL_LENGTH) -> list[tuple[str, str]]:
+    """The tags, each key once (the last value wins)."""
     rows = {}
-    for index, tag in enumerate(_list(tags, base)):
-        tag = _dict(tag, f"{base}[{index}]")
-        key = validate_key(tag.get("key"), f"{base}[{index}].key", "Tag")
-        rows[key] = validate_text(tag.get("value"), f"{base}[{index}].value", MAX_TAG_VAL_LENGTH, required=False)
+    for index, tag in enumerate(_list(tags, "tags")):
+        tag = _dict(tag, f"tags[{index}]")
+        key = validate_key(tag.get("key"), f"tags[{index}].key", "Tag")
+        rows[key] = validate_text(tag.get("value"), f"tags[{index}].value", max_value_length, required=False)
     return list(rows.items())
 
 
@@ -490,16 +481,6 @@ def _check_active(run: Run) -> None:
                       f"{run.lifecycle_stage}.")
 
 
-def _experiment_id(value) -> int:
-    try:
-        number = int(str(value))
-    except (TypeError, ValueError):
-        raise invalid(f"Invalid experiment ID '{value}'. Experiment ID must be a valid integer.") from None
-    if not 0 <= number <= 2**63 - 1:
-        raise invalid(f"Invalid experiment ID '{value}'. Experiment ID must be a valid integer.")
-    return number
-
-
 def _list(value, path: str) -> list:
     if value is None:
         return []
@@ -512,10 +493,6 @@ def _dict(value, path: str) -> dict:
     if not isinstance(value, dict):
         raise invalid(f"Invalid value {value!r:.200} for parameter '{path}' supplied: expected an object.")
     return value
-
-
-def _saved_user(actor: Actor):
-    return actor.user
 
 
 _ADJECTIVES = ("bright", "calm", "clever", "bold", "gentle", "quick", "quiet", "sunny", "swift", "wise")

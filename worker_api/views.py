@@ -202,6 +202,14 @@ class WorkerView(APIView):
             raise exceptions.ValidationError({"wait": ["wait is a number of seconds from 0 to 30."]})
         return float(wait)
 
+    def claim_answer(self, claim, channel: str, item_json) -> Response:
+        """A claim's answer: what `claim` takes within the request's wait, as `item_json` shows it."""
+        try:
+            item = wait_for(claim, self.wait_seconds(), channel)
+        except services.WorkerStopped as stopped:
+            return Response({"item": None, "reason": stopped.reason})
+        return Response({"item": None if item is None else item_json(item)})
+
 
 class HelloView(WorkerView):
     @extend_schema(request=HelloSerializer, responses=OpenApiTypes.OBJECT)
@@ -244,26 +252,24 @@ class GpuReadingsView(WorkerView):
         return Response({"stored": stored, "ignored": ignored})
 
 
+def _check_item(check) -> dict:
+    target = check.target
+    return {
+        "id": check.pk,
+        "lease_id": str(check.lease_id),
+        "api_url": settings.PUBLIC_URL,
+        "computer": {"id": target.pk, "name": target.name, **target.connection(),
+                     "working_dir": target.working_dir, "python_path": target.python_path,
+                     "gpu_ids": target.gpu_ids, "runtimes": target.runtimes},
+    }
+
+
 class CheckClaimView(WorkerView):
     @extend_schema(request=WaitBodySerializer, responses=OpenApiTypes.OBJECT)
     def post(self, request):
         worker = self.worker()
-        try:
-            check = wait_for(lambda: computer_services.claim_check(worker), self.wait_seconds(),
-                             computer_services.CHECKS_CHANNEL)
-        except services.WorkerStopped as stopped:
-            return Response({"item": None, "reason": stopped.reason})
-        if check is None:
-            return Response({"item": None})
-        target = check.target
-        return Response({"item": {
-            "id": check.pk,
-            "lease_id": str(check.lease_id),
-            "api_url": settings.PUBLIC_URL,
-            "computer": {"id": target.pk, "name": target.name, **target.connection(),
-                         "working_dir": target.working_dir, "python_path": target.python_path,
-                         "gpu_ids": target.gpu_ids, "runtimes": target.runtimes},
-        }})
+        return self.claim_answer(lambda: computer_services.claim_check(worker), computer_services.CHECKS_CHANNEL,
+                                 _check_item)
 
 
 class CheckCompleteView(WorkerView):
@@ -279,15 +285,9 @@ class ReadClaimView(WorkerView):
     @extend_schema(request=WaitBodySerializer, responses=OpenApiTypes.OBJECT)
     def post(self, request):
         worker = self.worker()
-        try:
-            read = wait_for(lambda: computer_services.claim_read(worker), self.wait_seconds(),
-                            computer_services.READS_CHANNEL)
-        except services.WorkerStopped as stopped:
-            return Response({"item": None, "reason": stopped.reason})
-        if read is None:
-            return Response({"item": None})
-        return Response({"item": {"id": read.pk, "lease_id": str(read.lease_id), "path": read.path,
-                                  "connection": read.connection}})
+        return self.claim_answer(lambda: computer_services.claim_read(worker), computer_services.READS_CHANNEL,
+                                 lambda read: {"id": read.pk, "lease_id": str(read.lease_id), "path": read.path,
+                                               "connection": read.connection})
 
 
 class ReadCompleteView(WorkerView):
