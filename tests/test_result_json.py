@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
+from worker_agent.core.outputs import walk_outputs
 from worker_agent.results import (
     MAX_DATASET_DIRECTORY_FILES,
     SERVER_LIMIT_SETTING,
@@ -21,7 +22,6 @@ from worker_agent.results import (
     decode_manifest,
     parse_result_json,
     validate_result,
-    walk_outputs,
 )
 
 

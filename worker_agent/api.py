@@ -27,6 +27,10 @@ READ_TIMEOUT = 30.0
 MAX_WAIT = 30
 
 
+def _bounded_wait(wait: int) -> int:
+    return max(0, min(MAX_WAIT, int(wait)))
+
+
 class FatalApiError(ApiError):
     """401/403: the token itself is wrong. The worker stops; retrying cannot help."""
 
@@ -82,7 +86,6 @@ class ApiClient:
 
     def request(self, method: str, path: str, body: dict | None = None, *, read_timeout: float = READ_TIMEOUT,
                 auth: bool = True, attempts: int | None = None) -> dict:
-        url = f"{self.api_url}/api/{path.lstrip('/')}"
         attempts = attempts or self.attempts
         last: Exception | None = None
         for attempt in range(attempts):
@@ -93,24 +96,33 @@ class ApiClient:
                 if self._stop is not None and self._stop.is_set():
                     break
             try:
-                response = self.session.request(
-                    method, url, json=body, timeout=(CONNECT_TIMEOUT, read_timeout), allow_redirects=False,
-                    headers=None if auth else {"Authorization": None},
-                )
-            except requests.Timeout:
-                last = ApiUnavailable(f"The API server at {self.api_url} did not answer {method} /api/{path} in time.")
-                continue
-            except requests.RequestException as exc:
-                last = ApiUnavailable(self.mask(
-                    f"Cannot reach the API server at {self.api_url} ({type(exc).__name__}). "
-                    "Check MMT_API_URL and that the server is running."))
-                continue
-            if retryable(response.status_code):
-                last = ApiUnavailable(f"The API server answered {response.status_code} to {method} /api/{path}.",
-                                      status=response.status_code)
+                response = self._send(method, path, json=body, headers=None if auth else {"Authorization": None},
+                                      read_timeout=read_timeout,
+                                      hint=" Check MMT_API_URL and that the server is running.")
+            except ApiUnavailable as exc:
+                last = exc
                 continue
             return self._answer(method, path, response)
         raise last if last is not None else ApiUnavailable("The worker is stopping.")
+
+    def _send(self, method: str, path: str, *, read_timeout: float, hint: str = "", **kwargs) -> requests.Response:
+        """One attempt: the answer, or ApiUnavailable for network trouble and 429/5xx (`hint` ends the
+        sentence of a server that cannot be reached)."""
+        url = f"{self.api_url}/api/{path.lstrip('/')}"
+        try:
+            response = self.session.request(method, url, timeout=(CONNECT_TIMEOUT, read_timeout),
+                                            allow_redirects=False, **kwargs)
+        except requests.Timeout:
+            raise ApiUnavailable(f"The API server at {self.api_url} did not answer {method} /api/{path} in time.") \
+                from None
+        except requests.RequestException as exc:
+            raise ApiUnavailable(self.mask(
+                f"Cannot reach the API server at {self.api_url} ({type(exc).__name__}).{hint}")) from None
+        if retryable(response.status_code):
+            response.close()
+            raise ApiUnavailable(f"The API server answered {response.status_code} to {method} /api/{path}.",
+                                 status=response.status_code)
+        return response
 
     def _answer(self, method: str, path: str, response: requests.Response) -> dict:
         try:
@@ -154,19 +166,19 @@ class ApiClient:
         return self.request("POST", "worker/hello", payload)
 
     def claim_check(self, worker_id: str, wait: int = 0) -> dict | None:
-        wait = max(0, min(MAX_WAIT, int(wait)))
         # Re-sending a check claim returns the check already held (same lease), so a retry is safe.
-        data = self.request("POST", "worker/checks/claim", {"worker_id": worker_id, "wait": wait},
-                            read_timeout=wait + READ_TIMEOUT)
-        return data.get("item")
+        return self._claim("checks", worker_id, wait)
 
     def complete_check(self, check_id: int, worker_id: str, lease_id: str, status: str, result: dict) -> dict:
         return self.request("POST", f"worker/checks/{int(check_id)}/complete",
                             {"worker_id": worker_id, "lease_id": lease_id, "status": status, "result": result})
 
     def claim_read(self, worker_id: str, wait: int = 0) -> dict | None:
-        wait = max(0, min(MAX_WAIT, int(wait)))
-        data = self.request("POST", "worker/reads/claim", {"worker_id": worker_id, "wait": wait},
+        return self._claim("reads", worker_id, wait)
+
+    def _claim(self, kind: str, worker_id: str, wait: int) -> dict | None:
+        wait = _bounded_wait(wait)
+        data = self.request("POST", f"worker/{kind}/claim", {"worker_id": worker_id, "wait": wait},
                             read_timeout=wait + READ_TIMEOUT)
         return data.get("item")
 
@@ -181,7 +193,7 @@ class ApiClient:
         """One attempt only: a claim whose answer was lost is recovered with `resume_jobs`, never by
         sending the claim again (a replay could take a second job). Returns (item, answer): with no
         item, the answer's `reason` says why the wait ended early (`active_jobs_ended`)."""
-        wait = max(0, min(MAX_WAIT, int(wait)))
+        wait = _bounded_wait(wait)
         data = self.request("POST", "worker/claim",
                             {"worker_id": worker_id, "active_job_ids": list(active_job_ids), "wait": wait},
                             read_timeout=wait + READ_TIMEOUT, attempts=1)
@@ -234,35 +246,17 @@ class ApiClient:
 
     def complete_job(self, job_id: int, worker_id: str, lease_id: str, status: str, *, exit_code: int | None = None,
                      error: str | None = None, end_reason: str | None = None, replica: str | None = None) -> dict:
-        body: dict = {"status": status}
-        if replica:
-            body["replica"] = replica  # a cluster job ended by this replica (docs/cluster-jobs.md "End")
-        if exit_code is not None:
-            body["exit_code"] = exit_code
-        if error:
-            body["error"] = error
-        if end_reason:
-            body["end_reason"] = end_reason
+        # `replica`: a cluster job ended by this replica (docs/cluster-jobs.md "End"); an exit code 0 is sent.
+        optional = {"replica": replica, "exit_code": exit_code, "error": error, "end_reason": end_reason}
+        body = {"status": status, **{key: value for key, value in optional.items() if value not in (None, "")}}
         return self._leased(job_id, "complete", worker_id, lease_id, body)
 
     def _raw(self, method: str, path: str, *, params: dict, data=None, headers: dict | None = None,
              stream: bool = False, read_timeout: float = READ_TIMEOUT) -> requests.Response:
         """One attempt of a request whose body or answer is bytes (artifacts, sources): the caller
         retries, because a streamed body cannot be sent twice. Errors raise as in `request`."""
-        url = f"{self.api_url}/api/{path.lstrip('/')}"
-        try:
-            response = self.session.request(method, url, params=params, data=data, headers=headers, stream=stream,
-                                            timeout=(CONNECT_TIMEOUT, read_timeout), allow_redirects=False)
-        except requests.Timeout:
-            raise ApiUnavailable(f"The API server at {self.api_url} did not answer {method} /api/{path} in time.") \
-                from None
-        except requests.RequestException as exc:
-            raise ApiUnavailable(self.mask(f"Cannot reach the API server at {self.api_url} ({type(exc).__name__}).")) \
-                from None
-        if retryable(response.status_code):
-            response.close()
-            raise ApiUnavailable(f"The API server answered {response.status_code} to {method} /api/{path}.",
-                                 status=response.status_code)
+        response = self._send(method, path, params=params, data=data, headers=headers, stream=stream,
+                              read_timeout=read_timeout)
         if response.status_code >= 300:
             self._answer(method, path, response)  # raises with the server's code
         return response

@@ -116,8 +116,6 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Iterable, NoReturn
 
-from worker_agent.core import outputs as core_outputs
-
 RESULT_FILENAME = "result.json"
 MAX_RESULT_BYTES = 1024 * 1024
 DEFAULT_MAX_OUTPUT_FILES = 10_000
@@ -166,11 +164,6 @@ _COMPRESSION_TYPES = {
 # Built from Python's own table only, so the guess does not depend on the host's mime.types files.
 _MIME_TABLE = mimetypes.MimeTypes()
 
-# The outputs directory is listed by worker_agent.core.outputs (the site runner in-process, SSH targets in
-# the `files` program); the site runner knows these two by this module.
-file_sha256 = core_outputs.file_sha256
-walk_outputs = core_outputs.walk_outputs
-
 
 @dataclass(frozen=True)
 class OutputFile:
@@ -216,30 +209,21 @@ def _show(value: Any, limit: int = 80) -> str:
     if isinstance(value, str):
         text = value if len(value) <= limit else value[:limit] + "…"
         return json.dumps(text, ensure_ascii=False).replace("\x7f", "\\u007f")
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "true" if value else "false"
+    if value is None or isinstance(value, bool):
+        return json.dumps(value)  # null, true, false
     if isinstance(value, (int, float)):
         text = repr(value)
         return text if len(text) <= limit else text[:limit] + "…"
     return {dict: "an object", list: "a list"}.get(type(value), type(value).__name__)
 
 
+# The first match names a value's JSON type (bool before int: a boolean is an int in Python).
+_JSON_TYPES = ((type(None), "null"), (bool, "a boolean"), ((int, float), "a number"), (str, "a string"),
+               (list, "a list"), (dict, "an object"))
+
+
 def _json_type(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, (int, float)):
-        return "a number"
-    if isinstance(value, str):
-        return "a string"
-    if isinstance(value, list):
-        return "a list"
-    if isinstance(value, dict):
-        return "an object"
-    return type(value).__name__
+    return next((name for kinds, name in _JSON_TYPES if isinstance(value, kinds)), type(value).__name__)
 
 
 def _bytes_text(count: int) -> str:
@@ -256,6 +240,13 @@ def _key_location(parent: str, key: str) -> str:
 
 def _fail(code: str, message: str, location: str | None = None) -> NoReturn:
     raise ResultError(code, message, location=location)
+
+
+def _first_time(seen: set, key: Any, code: str, message: str, location: str | None = None) -> None:
+    """Remember `key`; the same key a second time is the error `code`."""
+    if key in seen:
+        _fail(code, message, location)
+    seen.add(key)
 
 
 # --------------------------------------------------------------------------- parsing
@@ -798,13 +789,8 @@ def _model(entry: Any, index: int, artifacts: dict[str, dict], directories: set[
             "manifest) with its sha256 and size, or fix the path.",
             f"{where}.path",
         )
-    if path in seen:
-        _fail(
-            "duplicate_model",
-            f"{where} declares {_show(path)} a second time; declare each model file once.",
-            f"{where}.path",
-        )
-    seen.add(path)
+    _first_time(seen, path, "duplicate_model",
+                f"{where} declares {_show(path)} a second time; declare each model file once.", f"{where}.path")
     model_id = None
     if "modelId" in entry:
         model_id = _reference_id(entry["modelId"], "modelId", where, f"{where}.modelId")
@@ -857,15 +843,9 @@ def _dataset(entry: Any, index: int, artifacts: dict[str, dict], ordered_paths: 
                 f"{where}.digest",
             )
         digest = _plain_text(entry["digest"], "digest", where, f"{where}.digest", MAX_DIGEST_LENGTH, "invalid_digest")
-        key = (dataset_id, "uri", uri)
-        if key in seen:
-            _fail(
-                "duplicate_dataset",
-                f"{where} declares the uri {_show(uri)} for dataset {_show(dataset_id)} a second time; declare it "
-                "once.",
-                where,
-            )
-        seen.add(key)
+        _first_time(seen, (dataset_id, "uri", uri), "duplicate_dataset",
+                    f"{where} declares the uri {_show(uri)} for dataset {_show(dataset_id)} a second time; declare "
+                    "it once.", where)
         return {
             "dataset_id": dataset_id, "source": "uri", "path": None, "uri": uri, "is_directory": False,
             "digest": digest, "files": [], "file_count": 0, "size": 0, "schema": schema, "metadata": metadata,
@@ -904,14 +884,9 @@ def _dataset(entry: Any, index: int, artifacts: dict[str, dict], ordered_paths: 
                 f"{where}.path",
             )
         is_directory = True
-    key = (dataset_id, "path", path)
-    if key in seen:
-        _fail(
-            "duplicate_dataset",
-            f"{where} declares {_show(path)} for dataset {_show(dataset_id)} a second time; declare it once.",
-            f"{where}.path",
-        )
-    seen.add(key)
+    _first_time(seen, (dataset_id, "path", path), "duplicate_dataset",
+                f"{where} declares {_show(path)} for dataset {_show(dataset_id)} a second time; declare it once.",
+                f"{where}.path")
     files.sort(key=lambda item: item["path"])
     return {
         "dataset_id": dataset_id, "source": "path", "path": path, "uri": None, "is_directory": is_directory,
@@ -930,9 +905,7 @@ def _header(result: Any) -> int:
             f"result.json holds {_json_type(result)}; it must be one JSON object such as {{\"version\": 2, "
             f"\"complete\": true}}.",
         )
-    if "version" not in result:
-        _fail("missing_key", "result.json has no \"version\"; write \"version\": 2 (or 1).", "version")
-    version = result["version"]
+    version = _require_key(result, "version", "result.json", "", "write \"version\": 2 (or 1).")
     if isinstance(version, bool) or not isinstance(version, int) or version not in VERSION_KEYS:
         _fail(
             "unsupported_version",
@@ -955,16 +928,12 @@ def _header(result: Any) -> int:
                 f"{', '.join(VERSION_KEYS[version])}).",
                 _key_location("", key),
             )
-    if "complete" not in result:
-        _fail(
-            "missing_key",
-            "result.json has no \"complete\"; write \"complete\": true once every output file has been written.",
-            "complete",
-        )
-    if result["complete"] is not True:
+    complete = _require_key(result, "complete", "result.json", "",
+                            "write \"complete\": true once every output file has been written.")
+    if complete is not True:
         _fail(
             "not_complete",
-            f"result.json \"complete\" is {_show(result['complete'])}; the outputs are accepted only when it is true — "
+            f"result.json \"complete\" is {_show(complete)}; the outputs are accepted only when it is true — "
             "finish writing every output, then write \"complete\": true.",
             "complete",
         )
@@ -987,12 +956,8 @@ def _present_files(files: Iterable[OutputFile]) -> tuple[dict[str, OutputFile], 
             )
         is_dir = entry.kind == "dir"
         path = _check_path(entry.path, where, location=None, allow_trailing_slash=is_dir, is_file=not is_dir)
-        if path in seen:
-            _fail(
-                "duplicate_output_entry",
-                f"The worker reported {_show(path)} twice in the outputs file list; each path must appear once.",
-            )
-        seen.add(path)
+        _first_time(seen, path, "duplicate_output_entry",
+                    f"The worker reported {_show(path)} twice in the outputs file list; each path must appear once.")
         if entry.kind == "symlink":
             _fail(
                 "symlink",
@@ -1080,11 +1045,9 @@ def validate_result(
         (item, f"artifacts[{i}]", f"artifacts[{i}]") for i, item in enumerate(listed)
     ]
     metrics_raw = _require_list(result, "metrics", '[{"name": "train.loss", "value": 0.12, "step": 100}]')
-    models_raw: list = []
-    datasets_raw: list = []
-    if version == 2:
-        models_raw = _require_list(result, "models", '[{"path": "model/weights.bin"}]')
-        datasets_raw = _require_list(result, "datasets", '[{"datasetId": "<dataset ID>", "path": "prepared"}]')
+    # Version 1 has neither key (_header refused them).
+    models_raw = _require_list(result, "models", '[{"path": "model/weights.bin"}]')
+    datasets_raw = _require_list(result, "datasets", '[{"datasetId": "<dataset ID>", "path": "prepared"}]')
     if len(metrics_raw) > MAX_METRIC_POINTS:
         _fail(
             "too_many_metrics",

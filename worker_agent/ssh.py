@@ -26,6 +26,7 @@ import subprocess
 import threading
 import time
 from dataclasses import dataclass
+from typing import Self
 
 import paramiko
 
@@ -114,13 +115,18 @@ class _RejectUnknown(paramiko.RejectPolicy):
         raise _UnknownHostKey(hostname)
 
 
-def _host_label(target: Target) -> str:
+def known_hosts_name(target) -> str:
+    """How known_hosts names `target` (anything with `host` and `port`): `host`, or `[host]:port`."""
     return target.host if target.port == 22 else f"[{target.host}]:{target.port}"
 
 
-def _keyscan_hint(target: Target) -> str:
+def keyscan_hint(target) -> str:
+    """The command that prints the host keys of `target` (anything with `host` and `port`)."""
     port = f"-p {target.port} " if target.port != 22 else ""
     return f"ssh-keyscan {port}{target.host}"
+
+
+KEY_UNREADABLE = "The worker cannot read the SSH key file: make it owned by the worker's user with mode 600."
 
 
 def preflight(target: Target) -> paramiko.PKey:
@@ -144,9 +150,7 @@ def preflight(target: Target) -> paramiko.PKey:
                            "The SSH key file does not exist on the worker machine. Check the SSH key path, "
                            "or run mado-tracking-worker doctor on the worker machine.") from None
     except OSError:
-        raise ConnectError("ssh_configuration",
-                           "The worker cannot read the SSH key file: make it owned by the worker's user "
-                           "with mode 600.") from None
+        raise ConnectError("ssh_configuration", KEY_UNREADABLE) from None
     if not stat.S_ISREG(key_stat.st_mode):
         raise ConnectError("ssh_configuration", "The SSH key path does not point at a file: check it.")
     if key_stat.st_mode & 0o077:
@@ -156,7 +160,7 @@ def preflight(target: Target) -> paramiko.PKey:
     if not os.path.isfile(target.known_hosts_path):
         raise ConnectError("ssh_configuration",
                            f"The known_hosts file does not exist on the worker machine. Create it with "
-                           f"{_keyscan_hint(target)} and compare the fingerprint with the target's host key.")
+                           f"{keyscan_hint(target)} and compare the fingerprint with the target's host key.")
     try:
         return paramiko.PKey.from_path(target.key_path)
     except paramiko.PasswordRequiredException:
@@ -164,9 +168,7 @@ def preflight(target: Target) -> paramiko.PKey:
                            "The SSH key is protected by a passphrase; the worker needs a key without one "
                            "(create a dedicated key with ssh-keygen -N '').") from None
     except PermissionError:
-        raise ConnectError("ssh_configuration",
-                           "The worker cannot read the SSH key file: make it owned by the worker's user "
-                           "with mode 600.") from None
+        raise ConnectError("ssh_configuration", KEY_UNREADABLE) from None
     except Exception:  # paramiko raises several types for a file that is not a key it understands
         raise ConnectError("ssh_configuration",
                            "The SSH key file is not a private key the worker can use (OpenSSH ed25519, ECDSA "
@@ -242,7 +244,7 @@ class Connection:
             client.close()
             raise ConnectError("ssh_configuration",
                                "The known_hosts file cannot be read or parsed: recreate it with "
-                               f"{_keyscan_hint(target)}.") from None
+                               f"{keyscan_hint(target)}.") from None
         client.set_missing_host_key_policy(_RejectUnknown())
         sock = open_socket(target.host, target.port, self.connect_timeout)
         try:
@@ -256,13 +258,13 @@ class Connection:
             client.close()
             raise ConnectError(
                 "host_key_unknown",
-                f"The host key of {_host_label(target)} is not in the known_hosts file. Compare its fingerprint "
-                f"with the target's, then add it on the worker machine with {_keyscan_hint(target)}.") from None
+                f"The host key of {known_hosts_name(target)} is not in the known_hosts file. Compare its fingerprint "
+                f"with the target's, then add it on the worker machine with {keyscan_hint(target)}.") from None
         except paramiko.BadHostKeyException:
             client.close()
             raise ConnectError(
                 "host_key_changed",
-                f"The host key of {_host_label(target)} does not match the known_hosts file. If the target was "
+                f"The host key of {known_hosts_name(target)} does not match the known_hosts file. If the target was "
                 "reinstalled, verify the new fingerprint and replace its line (ssh-keygen -R); otherwise treat "
                 "it as an attack.") from None
         except paramiko.AuthenticationException:
@@ -304,7 +306,7 @@ class Connection:
 
     def _channel(self) -> paramiko.Channel:
         with self._lock:
-            for attempt in (0, 1):
+            for _attempt in (0, 1):
                 if not self.is_open:
                     self._connect()
                 try:
@@ -312,10 +314,8 @@ class Connection:
                 except (paramiko.SSHException, EOFError, OSError):
                     # The transport died since its last use: one fresh connection, then give up.
                     self._close_client()
-                    if attempt:
-                        raise ConnectError("ssh_failed", f"The connection to {self.target.host}:{self.target.port} "
-                                                         "keeps failing: check the target.") from None
-        raise AssertionError("unreachable")
+            raise ConnectError("ssh_failed", f"The connection to {self.target.host}:{self.target.port} "
+                                             "keeps failing: check the target.")
 
     def run(self, argv: list[str], stdin=None, timeout: float = 60.0) -> RunResult:
         """Run `argv` on the target (joined with shell quoting for the login shell) and wait for it.
@@ -372,7 +372,18 @@ class StreamStalled(ConnectionError):
     """Nothing arrived on a stream within its timeout, or the connection under it failed."""
 
 
-class ChannelStream:
+class _Stream:
+    """A command's stdout read as it arrives (subclasses: `read(n)`, `close()`), closed at the end of a
+    `with` block."""
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class ChannelStream(_Stream):
     """The stdout of a long-lived remote command, read as it arrives."""
 
     def __init__(self, channel: paramiko.Channel, timeout: float, *, on_close=None):
@@ -398,12 +409,6 @@ class ChannelStream:
         if self._on_close is not None:
             on_close, self._on_close = self._on_close, None
             on_close()
-
-    def __enter__(self) -> ChannelStream:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
 
 
 def _collect(channel: paramiko.Channel, stdin, timeout: float) -> RunResult:
@@ -517,7 +522,7 @@ class LocalConnection:
         return ProcessStream(proc, timeout)
 
 
-class ProcessStream:
+class ProcessStream(_Stream):
     def __init__(self, proc: subprocess.Popen, timeout: float):
         self.proc = proc
         self.timeout = timeout
@@ -534,12 +539,6 @@ class ProcessStream:
             self.proc.kill()
         self.proc.stdout.close()
         self.proc.wait()
-
-    def __enter__(self) -> ProcessStream:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
 
 
 LOCAL_DISABLED = ("Local computers are turned off on this worker: they run commands as the worker's own user, "

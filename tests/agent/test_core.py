@@ -16,10 +16,9 @@ import pytest
 from worker_agent import remote_files
 from worker_agent.core import lifecycle
 from worker_agent.core.api import ApiError, Unavailable
-from worker_agent.core.outputs import read_outputs
+from worker_agent.core.outputs import file_sha256, read_outputs
 from worker_agent.core.source import SourceError, clone_source, unpack_source
 from worker_agent.core.tokens import mask_tokens
-from worker_agent.results import file_sha256
 from worker_agent.site import spec
 
 ROOT = Path(__file__).resolve().parents[2]

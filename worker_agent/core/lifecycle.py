@@ -104,9 +104,10 @@ def send_outputs(listing: dict, *, max_files: int, limit_setting: str | None,
         return {}
     note(f"result.json accepted ({len(validated.artifacts)} artifact(s), {len(validated.metrics)} metric point(s)); "
          f"uploading {len(wanted)} file(s), {sum(sizes[p] for p in wanted)} bytes.", logging.INFO)
+    batched = [p for p in wanted if upload_batch is not None and sizes[p] <= BATCH_FILE_MAX]
     if upload_batch is not None:
         try:
-            left = send_batches([p for p in wanted if sizes[p] <= BATCH_FILE_MAX], sizes, upload_batch,
+            left = send_batches(batched, sizes, upload_batch,
                                 pending=pending, gone=gone, pause=pause, note=note, cap=cap, transient=transient)
         except UploadFailed as exc:
             return invalid_result(str(exc))
@@ -117,9 +118,8 @@ def send_outputs(listing: dict, *, max_files: int, limit_setting: str | None,
             return invalid_result(str(exc))
         if left is None:
             return {}
-    batched = 0 if upload_batch is None else sum(1 for p in wanted if sizes[p] <= BATCH_FILE_MAX)
     alone = [p for p in wanted if upload_batch is None or sizes[p] > BATCH_FILE_MAX]
-    for number, path in enumerate(alone, start=batched + 1):  # numbered among all the files uploaded
+    for number, path in enumerate(alone, start=len(batched) + 1):  # numbered among all the files uploaded
         try:
             upload(path, sizes[path], number, len(wanted))
         except UploadFailed as exc:

@@ -30,14 +30,11 @@ def walk_outputs(root, max_files):
             full = os.path.join(dirpath, name)
             rel = name if rel_dir == "." else rel_dir + "/" + name
             st = os.lstat(full)
-            if stat.S_ISLNK(st.st_mode):
-                files.append({"path": rel, "size": 0, "sha256": "", "kind": "symlink"})
-            elif stat.S_ISDIR(st.st_mode):
-                files.append({"path": rel, "size": 0, "sha256": "", "kind": "dir"})
-            elif stat.S_ISREG(st.st_mode):
+            if stat.S_ISREG(st.st_mode):
                 files.append({"path": rel, "size": st.st_size, "sha256": file_sha256(full), "kind": "file"})
             else:
-                files.append({"path": rel, "size": 0, "sha256": "", "kind": "special"})
+                kind = "symlink" if stat.S_ISLNK(st.st_mode) else "dir" if stat.S_ISDIR(st.st_mode) else "special"
+                files.append({"path": rel, "size": 0, "sha256": "", "kind": kind})
             counted += files[-1]["kind"] != "dir"
             if counted > max_files + 2:
                 return files, True
@@ -112,10 +109,6 @@ def iter_frames(root, files):
             left -= min(left, 1 << 20)
 
 
-def frames_length(files):
-    return sum(len(frame_header(f["path"], int(f["size"]))) + int(f["size"]) for f in files)
-
-
 class FramedBody:
     """The frames of `files` as an upload body (`read(n)`, `__len__`: sent with a Content-Length,
     streamed). `source` is what produces them: an iterator of byte strings (`iter_frames`, in-process) or
@@ -123,7 +116,7 @@ class FramedBody:
     that ends early raises OSError rather than sending less."""
 
     def __init__(self, files, source):
-        self.length = frames_length(files)
+        self.length = sum(len(frame_header(f["path"], int(f["size"]))) + int(f["size"]) for f in files)
         self._left = self.length
         self._source = source
         self._buffer, self._at = b"", 0

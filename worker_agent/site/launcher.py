@@ -71,12 +71,8 @@ class Outcome:
     error: str | None = None
 
     def body(self, job_ids) -> dict:
-        body: dict = {"job_ids": list(job_ids), "outcome": self.outcome}
-        if self.scheduler_job_id:
-            body["scheduler_job_id"] = self.scheduler_job_id
-        if self.error:
-            body["error"] = self.error
-        return body
+        optional = {"scheduler_job_id": self.scheduler_job_id, "error": self.error}
+        return {"job_ids": list(job_ids), "outcome": self.outcome, **{k: v for k, v in optional.items() if v}}
 
 
 def outcome_of(result: RunResult, secrets=()) -> Outcome:
@@ -372,9 +368,8 @@ class Launcher:
                 error = exc.detail
             except CommandTimeout:
                 error = f"Logged in, but `true` did not finish within {CHECK_SECONDS:.0f} s."
-        body = {"ok": error is None, "duration_ms": int((time.monotonic() - started) * 1000)}
-        if error:
-            body["error"] = error
+        body = {"ok": error is None, "duration_ms": int((time.monotonic() - started) * 1000),
+                **({"error": error} if error else {})}
         log.info("connection check %s for computer %s: %s", check["id"], check["computer"], error or "ok")
         self.pending.deliver(self.api, f"launcher/checks/{int(check['id'])}/complete", body)
 
@@ -402,9 +397,7 @@ class Launcher:
             error = f"The cancel script did not finish within {CANCEL_SECONDS:.0f} s."
         log.info("cancellation of job %s (scheduler id %s): %s", item["job_id"], item.get("scheduler_job_id"),
                  error or "done")
-        body = {"job_id": item["job_id"], "ok": error is None}
-        if error:
-            body["error"] = error
+        body = {"job_id": item["job_id"], "ok": error is None, **({"error": error} if error else {})}
         self.pending.deliver(self.api, "launcher/cancellations/report", body)
 
     # -- submissions -------------------------------------------------------------------------

@@ -32,6 +32,8 @@ from worker_agent.ssh import (
     ConnectError,
     RunResult,
     _transport_factory,
+    keyscan_hint,
+    known_hosts_name,
     open_socket,
 )
 
@@ -58,14 +60,6 @@ class Hop:
     @property
     def label(self) -> str:
         return f"{self.user}@{self.host}" + (f":{self.port}" if self.port != 22 else "")
-
-    @property
-    def known_hosts_name(self) -> str:
-        return self.host if self.port == 22 else f"[{self.host}]:{self.port}"
-
-    @property
-    def keyscan(self) -> str:
-        return f"ssh-keyscan{f' -p {self.port}' if self.port != 22 else ''} {self.host}"
 
 
 def parse_jump(entry: str, default_user: str) -> Hop:
@@ -164,7 +158,7 @@ class KnownHosts:
             self.lines.append(_Line(marker, fields[0], fields[1], blob))
 
     def keys_for(self, hop: Hop) -> list[_Line]:
-        return [line for line in self.lines if not line.marker and line.matches(hop.known_hosts_name)]
+        return [line for line in self.lines if not line.marker and line.matches(known_hosts_name(hop))]
 
     def is_revoked(self, blob: bytes) -> bool:
         return any(line.marker == "@revoked" and line.blob == blob for line in self.lines)
@@ -193,25 +187,25 @@ class _Verify(paramiko.RejectPolicy):
         blob = key.asbytes()
         listed = self.known.keys_for(self.hop)
         seen = f"{key_fingerprint(blob)} ({key.get_name()})"
-        hop = self.hop
+        name, keyscan = known_hosts_name(self.hop), keyscan_hint(self.hop)
         if self.known.is_revoked(blob):
             raise HostKeyRefused(ConnectError(
-                "host_key_changed", f"The host key of {hop.known_hosts_name} is {seen}, which the computer's "
+                "host_key_changed", f"The host key of {name} is {seen}, which the computer's "
                                     "known_hosts marks @revoked: the launcher does not log in there."))
         if any(line.blob == blob for line in listed):
             return
         if not listed:
             raise HostKeyRefused(ConnectError(
                 "host_key_unknown",
-                f"The host key of {hop.known_hosts_name} is {seen}, and the computer's known_hosts has no key for "
-                f"{hop.known_hosts_name}. Compare that fingerprint with the one the site publishes; if it matches, "
-                f"paste the output of {hop.keyscan} into known_hosts in the computer's settings."))
+                f"The host key of {name} is {seen}, and the computer's known_hosts has no key for "
+                f"{name}. Compare that fingerprint with the one the site publishes; if it matches, "
+                f"paste the output of {keyscan} into known_hosts in the computer's settings."))
         expected = ", ".join(sorted({key_fingerprint(line.blob) for line in listed}))
         raise HostKeyRefused(ConnectError(
             "host_key_changed",
-            f"The host key of {hop.known_hosts_name} is {seen}, but the computer's known_hosts lists {expected}. "
+            f"The host key of {name} is {seen}, but the computer's known_hosts lists {expected}. "
             f"If the site was reinstalled, verify the new fingerprint with the site and paste the output of "
-            f"{hop.keyscan} into known_hosts; otherwise treat it as an attack."))
+            f"{keyscan} into known_hosts; otherwise treat it as an attack."))
 
 
 # -- connections ---------------------------------------------------------------------------------

@@ -282,8 +282,6 @@ class Api:
             raw = exc.read() if exc.fp is not None else b""
             exc.close()
             raise self._error(exc.code, raw, where) from None
-        except ApiError:
-            raise
         except (OSError, EOFError, ValueError, http.client.HTTPException) as exc:  # URLError, timeouts, resets
             reason = getattr(exc, "reason", None) or exc
             raise Unavailable(self.mask(f"Cannot reach the server at {self.api_url} ({where}: {reason}).")) from None
@@ -1016,7 +1014,7 @@ class Runner:
                         raise StartFailed(f"The source could not be downloaded: {exc}") from None
                 else:
                     raise StartFailed("The source could not be downloaded: the server kept failing.")
-            if source.get("sha256") and results.file_sha256(path) != str(source["sha256"]).lower():
+            if source.get("sha256") and core_outputs.file_sha256(path) != str(source["sha256"]).lower():
                 raise StartFailed("The downloaded source archive does not match its sha256; upload it again.")
             count = unpack_archive(path, job_dir)
             note(f"Source archive downloaded ({size} bytes) and unpacked ({count} files).")
