@@ -15,9 +15,7 @@ from registry.mlflow_api import search_filter
 from registry.models import LoggedModel, ModelVersion
 from tracking.artifacts import clean_path, entries
 from tracking.errors import invalid
-from tracking.mlflow_api import RUNS_WRITE, Call, endpoint, page_bounds, page_token, require_scope
-from tracking.services import default_experiment
-from tracking.validation import experiment_id
+from tracking.mlflow_api import RUNS_WRITE, Call, endpoint, page_bounds, paged, require_scope, searched_experiments
 
 READ = Scope.READ.value
 MAX_RESULTS = 1000
@@ -109,20 +107,13 @@ def artifact_directories(call: Call, model_id: str):
 @endpoint(READ)
 def search(call: Call):
     offset, limit = page_bounds(call, default=100, maximum=MAX_RESULTS)
-    experiments = []
-    for value in call.getlist("experiment_ids"):
-        number = experiment_id(value, "experiment_ids")
-        experiments.append(default_experiment(call.project).pk if number == 0 else number)
+    experiments = searched_experiments(call)
     rows = (logged_models.visible_in(call.user, call.project)
             .filter(experiment_id__in=experiments, lifecycle_stage="active")
             .filter(search_filter(call.string("filter"), FIELDS, tag_field="tags", param_field="params"))
             .order_by(*_order(call.getlist("order_by")))
             .prefetch_related(Prefetch("versions", queryset=ModelVersion.objects.select_related("model"))))
-    page = list(rows[offset:offset + limit + 1])
-    answer = {"models": [model_json(m) for m in page[:limit]]}
-    if len(page) > limit:
-        answer["next_page_token"] = page_token(offset + limit)
-    return answer
+    return paged(rows, offset, limit, "models", model_json)
 
 
 def _order(order_by: list) -> list[str]:

@@ -1,8 +1,10 @@
 """Small helpers shared by the test directories."""
 from __future__ import annotations
 
+import io
 import os
 import signal
+import tarfile
 import time
 from contextlib import contextmanager
 
@@ -19,6 +21,19 @@ def wait_for(predicate, timeout: float = 15.0, interval: float = 0.05, what="con
             raise AssertionError(f"timed out after {timeout} s waiting for {what() if callable(what) else what}")
         time.sleep(interval)
 
+
+
+def tar_gz(files: dict) -> bytes:
+    """A .tar.gz of `files` (name -> bytes or text), regular files with mode 644, as a source upload."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as archive:
+        for name, content in files.items():
+            data = content.encode() if isinstance(content, str) else content
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            info.mode = 0o644
+            archive.addfile(info, io.BytesIO(data))
+    return buffer.getvalue()
 
 # A program that prints numbered lines of 100 bytes until `size` bytes (argv[1]): used by the log
 # volume test and bench/log_throughput.py to check that every line arrives once and in order.

@@ -17,6 +17,7 @@ from jobs.models import Artifact, Job, Metric
 from mado.errors import ServiceError
 from tests.conftest import assert_error, bearer
 from tests.job_fixtures import job_request
+from tests.support import tar_gz
 
 
 def session(user) -> APIClient:
@@ -118,20 +119,10 @@ def test_bytes_that_do_not_match_the_sha256_are_refused_and_forgotten(world, cla
     assert_error(put(job_worker, claimed, "undeclared.bin", b"x"), 404, "artifact_not_declared")
 
 
-def _tar_gz(files: dict[str, bytes]) -> bytes:
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
-        for name, data in files.items():
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-    return buffer.getvalue()
-
-
 def test_a_source_archive_is_uploaded_once_used_by_a_job_and_fetched_by_its_worker(world, gpu_box, job_worker,
                                                                                      settings, tmp_path):
     settings.MEDIA_ROOT = tmp_path
-    archive = _tar_gz({"train.py": b"print('hi')\n"})
+    archive = tar_gz({"train.py": b"print('hi')\n"})
     client = bearer(world.token(world.member, ["read", "jobs:write"]))
     uploaded = client.put("/api/projects/lab/sources", data=archive, content_type="application/gzip")
     assert uploaded.status_code == 201, uploaded.content

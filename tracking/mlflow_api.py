@@ -270,6 +270,13 @@ def page_token(offset: int) -> str:
     return base64.b64encode(json.dumps({"offset": offset}).encode()).decode()
 
 
+def searched_experiments(call: Call) -> list[int]:
+    """A search's `experiment_ids`, every one checked before any is used; 0 is the project's default
+    experiment (created on first use, as MLflow's)."""
+    numbers = [experiment_id(value, "experiment_ids") for value in call.getlist("experiment_ids")]
+    return [services.default_experiment(call.project).pk if number == 0 else number for number in numbers]
+
+
 def paged(rows, offset: int, limit: int, key: str, to_json) -> dict:
     """A search's answer: the page of `rows` under `key`, and next_page_token if more rows follow."""
     page = list(rows[offset:offset + limit + 1])
@@ -421,8 +428,7 @@ def runs_get(call: Call):
 @endpoint(Scope.READ.value)
 def runs_search(call: Call):
     offset, limit = page_bounds(call, default=DEFAULT_RESULTS_RUNS, maximum=MAX_RESULTS_RUNS)
-    numbers = [experiment_id(value, "experiment_ids") for value in call.getlist("experiment_ids")]
-    experiments = [services.default_experiment(call.project).pk if number == 0 else number for number in numbers]
+    experiments = searched_experiments(call)
     rows = access.runs_visible_in(call.user, call.project).filter(
         lifecycle_stage__in=_view_stages(call.get("run_view_type")))
     if experiments:

@@ -58,11 +58,6 @@ def cache_root(working_dir: str) -> str:
     return f"{working_dir.rstrip('/')}/{CACHE}"
 
 
-def data_dir(working_dir: str, digest: str) -> str:
-    """Where a complete version's files are on the target."""
-    return f"{cache_root(working_dir)}/{str(digest).removeprefix('sha256:')}/data"
-
-
 # -- one command with stdin and stdout open at once -----------------------------------------------
 
 class Duplex:

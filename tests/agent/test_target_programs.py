@@ -11,6 +11,7 @@ import tarfile
 
 import pytest
 
+from tests.support import tar_gz
 from worker_agent import remote_files
 from worker_agent.core import outputs as core_outputs
 from worker_agent.ssh import LocalConnection
@@ -25,16 +26,6 @@ def run_files(*argv: str, stdin: bytes = b"") -> tuple[int, bytes]:
     out = io.BytesIO()
     code = files.main(list(argv), io.BytesIO(stdin), out)
     return code, out.getvalue()
-
-
-def source_archive(**members: bytes) -> bytes:
-    raw = io.BytesIO()
-    with tarfile.open(fileobj=raw, mode="w:gz") as archive:
-        for name, data in members.items():
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            archive.addfile(info, io.BytesIO(data))
-    return raw.getvalue()
 
 
 def test_the_files_program_is_one_file_of_the_modules_it_shares_with_the_site_runner():
@@ -56,7 +47,7 @@ def test_cat_reads_the_range_and_never_through_a_link(tmp_path):
 
 
 def test_the_source_goes_only_into_a_job_directory_under_an_existing_working_directory(tmp_path):
-    archive = source_archive(**{"train.py": b"print(1)\n"})
+    archive = tar_gz({"train.py": b"print(1)\n"})
     code, out = run_files("source", str(tmp_path / "gone/.mmt/jobs/3"), "archive", stdin=archive)
     assert json.loads(out) == {"ok": False, "code": "working_dir_missing",
                                "error": f"The working directory {tmp_path}/gone does not exist on the target."}
@@ -80,7 +71,7 @@ def test_the_worker_fetches_lists_reads_and_frames_a_jobs_files_over_one_connect
     connection = target(home)
     job_dir = str(work / ".mmt/jobs/5")
     with open(tmp_path / "source.tar.gz", "w+b") as archive:
-        archive.write(source_archive(**{"train.py": b"print(2)\n", "lib/util.py": b"X = 1\n"}))
+        archive.write(tar_gz({"train.py": b"print(2)\n", "lib/util.py": b"X = 1\n"}))
         archive.seek(0)
         fetched = remote_files.fetch_source(connection, python=sys.executable, job_dir=job_dir,
                                             source={"kind": "archive"}, archive=archive)

@@ -25,7 +25,7 @@ from jobs import services as job_services
 from jobs.models import GpuReservation, Job, JobEvent, LogChunk
 from mado.services import Actor
 from tests.peers.sshd import Sshd, sshd, start_sshd  # noqa: F401  (sshd: the shared fixture)
-from tests.support import database_now, kill_all, other_sessions, processes_under, wait_for
+from tests.support import database_now, kill_all, other_sessions, processes_under, tar_gz, wait_for
 
 WORKER = str(Path(sys.executable).with_name("mado-tracking-worker"))
 CLAIM_WAIT = 2
@@ -252,19 +252,7 @@ def build_wheel(directory: Path, name: str = "mmt_e2e_dep", version: str = "0.1"
     return wheel
 
 
-def source_archive(files: dict[str, str]) -> bytes:
-    import io
-    import tarfile
-
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w:gz") as archive:
-        for name, text in files.items():
-            data = text.encode()
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            info.mode = 0o644
-            archive.addfile(info, io.BytesIO(data))
-    return buffer.getvalue()
+source_archive = tar_gz  # the job source uploads of these tests
 
 
 FAKE_PYNVML = '''\
